@@ -1,0 +1,323 @@
+//! Configuration: `buckets.toml` plus `DELAY_ROUTER__SECTION__KEY` environment
+//! overrides, loaded once and validated into domain types.
+
+use crate::ladder::{Ladder, LadderError, parse_rung};
+use crate::placement::Strategy;
+use crate::topology::MAX_PREFIX_LEN;
+use lapin::uri::AMQPUri;
+use serde::Deserialize;
+use std::{fmt, path::Path, str::FromStr};
+
+/// Environment variable prefix: `DELAY_ROUTER__AMQP__URL` overrides `[amqp] url`.
+pub const ENV_PREFIX: &str = "DELAY_ROUTER";
+/// The URL used when neither the file nor the environment names one.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default deliveries in flight per consumer.
+pub const DEFAULT_PREFETCH: u16 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    #[serde(default)]
+    amqp: RawAmqp,
+    #[serde(default)]
+    topology: RawTopology,
+    #[serde(default)]
+    placement: RawPlacement,
+    #[serde(default)]
+    bucket: Vec<RawBucket>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAmqp {
+    url: Option<String>,
+    prefetch: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopology {
+    prefix: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    strategy: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBucket {
+    ttl: String,
+}
+
+/// A configuration that cannot be used; every variant names the key and value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{key} = {value:?}: {message}")]
+    Invalid {
+        key: String,
+        value: String,
+        message: String,
+    },
+    #[error("[[bucket]]: {0}")]
+    Ladder(#[from] LadderError),
+}
+
+/// The AMQP URL, parsed; its `Display` never shows the password.
+#[derive(Clone)]
+pub struct AmqpUrl {
+    raw: String,
+    uri: AMQPUri,
+}
+
+impl AmqpUrl {
+    /// Parses a URL; the error never repeats the password.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let uri = AMQPUri::from_str(raw).map_err(|_| {
+            format!(
+                "not a valid amqp:// or amqps:// URL ({})",
+                redact(raw)
+            )
+        })?;
+        Ok(Self {
+            raw: raw.to_owned(),
+            uri,
+        })
+    }
+    /// The full URL, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.raw
+    }
+    /// The user name the router authenticates as.
+    pub fn username(&self) -> &str {
+        &self.uri.authority.userinfo.username
+    }
+}
+
+impl fmt::Display for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.raw))
+    }
+}
+
+impl fmt::Debug for AmqpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AmqpUrl({self})")
+    }
+}
+
+/// Replaces the password of a URL (`scheme://user:password@host`) with `***`.
+pub fn redact(raw: &str) -> String {
+    let Some(scheme_end) = raw.find("://") else {
+        return raw.to_owned();
+    };
+    let rest = &raw[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &raw[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => raw.to_owned(),
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub url: AmqpUrl,
+    pub prefetch: u16,
+    pub prefix: String,
+    pub strategy: Strategy,
+    pub ladder: Ladder,
+}
+
+impl Config {
+    /// Loads `path` (which must exist) with environment overrides, and validates it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
+    }
+
+    /// As [`Config::load`], with the environment given explicitly (for tests).
+    pub fn load_with_env(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::Read {
+                path: path.display().to_string(),
+                message: "no such file".into(),
+            });
+        }
+        let env: config::Map<String, String> = env.into_iter().collect();
+        let raw: RawSettings = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .source(Some(env)),
+            )
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read {
+                path: path.display().to_string(),
+                message: redact_text(&e.to_string()),
+            })?;
+        Self::validate(raw)
+    }
+
+    /// Parses configuration text (no environment), for tests and tools.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawSettings = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read {
+                path: "(inline)".into(),
+                message: redact_text(&e.to_string()),
+            })?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawSettings) -> Result<Self, ConfigError> {
+        let invalid = |key: &str, value: &str, message: String| ConfigError::Invalid {
+            key: key.into(),
+            value: value.into(),
+            message,
+        };
+        let url_raw = raw.amqp.url.unwrap_or_else(|| DEFAULT_URL.into());
+        let url = AmqpUrl::parse(&url_raw).map_err(|m| invalid("amqp.url", &redact(&url_raw), m))?;
+        let prefetch = match raw.amqp.prefetch {
+            None => DEFAULT_PREFETCH,
+            Some(p) => p
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid("amqp.prefetch", &p, "expected a whole number from 1 to 65535".into()))?,
+        };
+        let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
+        if prefix.is_empty()
+            || prefix.len() > MAX_PREFIX_LEN
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+        {
+            return Err(invalid(
+                "topology.prefix",
+                &prefix,
+                format!("expected 1 to {MAX_PREFIX_LEN} characters from A-Z a-z 0-9 . - _ :"),
+            ));
+        }
+        let strategy_raw = raw.placement.strategy.unwrap_or_else(|| "round-up".into());
+        let strategy = strategy_raw
+            .parse::<Strategy>()
+            .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
+        let rungs = raw
+            .bucket
+            .iter()
+            .enumerate()
+            .map(|(i, b)| parse_rung(&b.ttl).map_err(|m| invalid(&format!("bucket[{i}].ttl"), &b.ttl, m)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ladder = Ladder::new(rungs)?;
+        Ok(Self {
+            url,
+            prefetch,
+            prefix,
+            strategy,
+            ladder,
+        })
+    }
+}
+
+/// Redacts anything that looks like a URL with a password inside free text.
+pub fn redact_text(text: &str) -> String {
+    text.split(' ').map(|w| if w.contains("://") { redact(w) } else { w.to_owned() }).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SHIPPED: &str = include_str!("../buckets.toml");
+
+    #[test]
+    fn shipped_file_loads_with_the_documented_ladder() {
+        let c = Config::from_toml(SHIPPED).unwrap();
+        let labels: Vec<_> = c.ladder.rungs().iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"]);
+        assert_eq!(c.prefix, "delay");
+        assert_eq!(c.strategy, Strategy::RoundUp);
+        assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
+    }
+
+    fn err(text: &str) -> String {
+        Config::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_value() {
+        assert_eq!(err(""), "[[bucket]]: the ladder is empty: declare at least one [[bucket]] with a ttl");
+        let e = err("[[bucket]]\nttl = \"0s\"");
+        assert!(e.contains("\"0s\" is zero"), "{e}");
+        let e = err("[[bucket]]\nttl = \"1s\"\n[[bucket]]\nttl = \"1000ms\"");
+        assert!(e.contains("\"1s\" and \"1000ms\""), "{e}");
+        let e = err("[[bucket]]\nttl = \"1s\"\n[[bucket]]\nttl = \"later\"");
+        assert!(e.starts_with("bucket[1].ttl = \"later\""), "{e}");
+        let e = err("[[bucket]]\nttl = \"60d\"");
+        assert!(e.contains("exceeds RabbitMQ's limit"), "{e}");
+        let e = err("[placement]\nstrategy = \"fastest\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("placement.strategy = \"fastest\": unknown strategy"), "{e}");
+        let e = err("[topology]\nprefix = \"a b\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("topology.prefix = \"a b\""), "{e}");
+        let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("amqp.url = \"http://u:***@h\""), "{e}");
+        assert!(!e.contains("secret"), "{e}");
+        let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.contains("stratgy"), "{e}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = std::env::temp_dir().join(format!("delay-router-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("buckets.toml");
+        std::fs::write(&path, SHIPPED).unwrap();
+        let env = [
+            ("DELAY_ROUTER__AMQP__URL".to_string(), "amqp://bob:pw@example:5673/v".to_string()),
+            ("DELAY_ROUTER__TOPOLOGY__PREFIX".to_string(), "other".to_string()),
+            ("DELAY_ROUTER__AMQP__PREFETCH".to_string(), "50".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = Config::load_with_env(&path, env).unwrap();
+        assert_eq!(c.url.username(), "bob");
+        assert_eq!(c.url.to_string(), "amqp://bob:***@example:5673/v");
+        assert_eq!(c.prefix, "other");
+        assert_eq!(c.prefetch, 50);
+        assert_eq!(c.ladder.smallest().ttl, Duration::from_secs(30));
+        let bad = [("DELAY_ROUTER__PLACEMENT__STRATEGY".to_string(), "soonest".to_string())];
+        let e = Config::load_with_env(&path, bad).unwrap_err().to_string();
+        assert!(e.starts_with("placement.strategy = \"soonest\""), "{e}");
+        let missing = Config::load_with_env(&dir.join("nope.toml"), []).unwrap_err().to_string();
+        assert!(missing.contains("nope.toml: no such file"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn redaction_hides_only_the_password() {
+        assert_eq!(redact("amqps://u:p@h:5671/v?x=1"), "amqps://u:***@h:5671/v?x=1");
+        assert_eq!(redact("amqp://h"), "amqp://h");
+        assert_eq!(redact("amqp://u@h"), "amqp://u@h");
+        assert_eq!(redact("amqp://u:p:q@h/a@b"), "amqp://u:***@h/a@b");
+    }
+}

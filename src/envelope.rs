@@ -1,0 +1,360 @@
+//! The envelope: how a message's properties change as it enters a bucket,
+//! moves between buckets, is delivered or is parked — and how the sender's
+//! original properties are restored exactly on the way out.
+//!
+//! In a bucket the router overrides `expiration` (removed) and `delivery-mode`
+//! (persistent), and the broker adds `x-death` headers. The sender's values are
+//! kept in [`SAVED_PROPERTIES`] and [`SAVED_HEADERS`] and put back on delivery.
+
+use crate::contract::{
+    DEATH_HEADERS, Destination, PARK_REASON, PARKED_AT, SAVED_HEADERS, SAVED_PROPERTIES,
+    TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_ROUTING_KEY, integer,
+    short_string,
+};
+use crate::park::ParkReason;
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use std::collections::BTreeMap;
+
+/// AMQP `delivery-mode` for persistent messages.
+pub const PERSISTENT: u8 = 2;
+
+const SAVED_EXPIRATION: &str = "expiration";
+const SAVED_DELIVERY_MODE: &str = "delivery-mode";
+const SAVED_NO_HEADERS: &str = "no-headers";
+
+/// What the router knows about a message waiting in a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transit {
+    /// Where it goes when due.
+    pub destination: Destination,
+    /// When it is due, in milliseconds since the Unix epoch.
+    pub deadline_ms: i64,
+    /// Bucket placements so far, this one included.
+    pub hops: i64,
+}
+
+type Headers = BTreeMap<ShortString, AMQPValue>;
+
+fn headers_of(props: &BasicProperties) -> Headers {
+    props
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default()
+}
+
+/// Rebuilds properties with new headers, expiration and delivery mode, every
+/// other property copied unchanged (lapin's properties have no setters to clear a field).
+fn rebuild(
+    p: &BasicProperties,
+    headers: Option<Headers>,
+    expiration: Option<ShortString>,
+    delivery_mode: Option<u8>,
+) -> BasicProperties {
+    let mut out = BasicProperties::default();
+    macro_rules! copy {
+        ($get:ident, $set:ident) => {
+            if let Some(v) = p.$get().clone() {
+                out = out.$set(v);
+            }
+        };
+    }
+    copy!(content_type, with_content_type);
+    copy!(content_encoding, with_content_encoding);
+    copy!(priority, with_priority);
+    copy!(correlation_id, with_correlation_id);
+    copy!(reply_to, with_reply_to);
+    copy!(message_id, with_message_id);
+    copy!(timestamp, with_timestamp);
+    copy!(kind, with_type);
+    copy!(user_id, with_user_id);
+    copy!(app_id, with_app_id);
+    copy!(cluster_id, with_cluster_id);
+    if let Some(h) = headers {
+        out = out.with_headers(FieldTable::from(h));
+    }
+    if let Some(e) = expiration {
+        out = out.with_expiration(e);
+    }
+    if let Some(m) = delivery_mode {
+        out = out.with_delivery_mode(m);
+    }
+    out
+}
+
+fn put_transit(h: &mut Headers, t: &Transit) {
+    h.insert(
+        TRANSIT_EXCHANGE.into(),
+        AMQPValue::LongString(t.destination.exchange.as_str().into()),
+    );
+    h.insert(
+        TRANSIT_ROUTING_KEY.into(),
+        AMQPValue::LongString(t.destination.routing_key.as_str().into()),
+    );
+    h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(t.deadline_ms));
+    h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
+}
+
+fn remove_death(h: &mut Headers) {
+    for k in DEATH_HEADERS {
+        h.remove(k);
+    }
+}
+
+/// Moves the sender's `expiration` and non-persistent `delivery-mode` aside,
+/// so the message is persistent and never expires on its own while stored.
+fn save_properties(p: &BasicProperties, h: &mut Headers) {
+    let mut saved = FieldTable::default();
+    if let Some(e) = p.expiration() {
+        saved.insert(
+            SAVED_EXPIRATION.into(),
+            AMQPValue::LongString(e.as_str().into()),
+        );
+    }
+    if let Some(m) = *p.delivery_mode() {
+        saved.insert(SAVED_DELIVERY_MODE.into(), AMQPValue::ShortShortUInt(m));
+    }
+    if p.headers().is_none() {
+        saved.insert(SAVED_NO_HEADERS.into(), AMQPValue::Boolean(true));
+    }
+    h.insert(SAVED_PROPERTIES.into(), AMQPValue::FieldTable(saved));
+}
+
+/// The properties a message has in its first bucket: the sender's, with the
+/// transit headers added, death headers and expiration set aside, persistent.
+pub fn enter_transit(p: &BasicProperties, transit: &Transit) -> BasicProperties {
+    let mut h = headers_of(p);
+    for k in TRANSIT_HEADERS {
+        h.remove(k);
+    }
+    let mut saved = FieldTable::default();
+    for k in DEATH_HEADERS {
+        if let Some(v) = h.remove(k) {
+            saved.insert(k.into(), v);
+        }
+    }
+    h.insert(SAVED_HEADERS.into(), AMQPValue::FieldTable(saved));
+    save_properties(p, &mut h);
+    put_transit(&mut h, transit);
+    rebuild(p, Some(h), None, Some(PERSISTENT))
+}
+
+/// Why the transit headers of an expired message cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitError {
+    #[error("{0} is missing or malformed")]
+    Malformed(&'static str),
+}
+
+/// Reads the router's transit headers from a message a bucket expired.
+pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
+    let empty = FieldTable::default();
+    let h = p.headers().as_ref().unwrap_or(&empty);
+    let exchange = short_string(h, TRANSIT_EXCHANGE)
+        .ok()
+        .flatten()
+        .ok_or(TransitError::Malformed(TRANSIT_EXCHANGE))?;
+    let routing_key = short_string(h, TRANSIT_ROUTING_KEY)
+        .ok()
+        .flatten()
+        .ok_or(TransitError::Malformed(TRANSIT_ROUTING_KEY))?;
+    let deadline_ms = integer(h, TRANSIT_DEADLINE).ok_or(TransitError::Malformed(TRANSIT_DEADLINE))?;
+    let hops = integer(h, TRANSIT_HOPS).unwrap_or(1);
+    Ok(Transit {
+        destination: Destination {
+            exchange,
+            routing_key,
+        },
+        deadline_ms,
+        hops,
+    })
+}
+
+/// The properties for another bucket placement: the broker's death headers
+/// from the last bucket dropped, the transit headers updated.
+pub fn next_hop(p: &BasicProperties, transit: &Transit) -> BasicProperties {
+    let mut h = headers_of(p);
+    remove_death(&mut h);
+    put_transit(&mut h, transit);
+    rebuild(p, Some(h), None, Some(PERSISTENT))
+}
+
+/// The sender's properties, restored exactly: transit and bucket death headers
+/// removed, saved headers and properties put back.
+pub fn leave_transit(p: &BasicProperties) -> BasicProperties {
+    let mut h = headers_of(p);
+    remove_death(&mut h);
+    let saved_headers = h.remove(SAVED_HEADERS);
+    let saved_props = h.remove(SAVED_PROPERTIES);
+    for k in TRANSIT_HEADERS {
+        h.remove(k);
+    }
+    if let Some(AMQPValue::FieldTable(saved)) = saved_headers {
+        for (k, v) in saved.inner() {
+            h.insert(k.clone(), v.clone());
+        }
+    }
+    match &saved_props {
+        Some(AMQPValue::FieldTable(saved)) => {
+            let (expiration, delivery_mode, had_headers) = saved_values(saved);
+            rebuild(p, had_headers.then_some(h), expiration, delivery_mode)
+        }
+        // Not a transit message: keep what it has.
+        _ => rebuild(p, Some(h), p.expiration().clone(), *p.delivery_mode()),
+    }
+}
+
+fn saved_values(saved: &FieldTable) -> (Option<ShortString>, Option<u8>, bool) {
+    let expiration = match saved.inner().get(SAVED_EXPIRATION) {
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            .ok()
+            .and_then(|s| ShortString::try_new(s).ok()),
+        _ => None,
+    };
+    let delivery_mode = match saved.inner().get(SAVED_DELIVERY_MODE) {
+        Some(AMQPValue::ShortShortUInt(m)) => Some(*m),
+        _ => None,
+    };
+    let had_headers = !matches!(
+        saved.inner().get(SAVED_NO_HEADERS),
+        Some(AMQPValue::Boolean(true))
+    );
+    (expiration, delivery_mode, had_headers)
+}
+
+/// The properties of a parked message: the sender's (as given), plus
+/// `x-park-reason`, `x-parked-at`, the destination when known; persistent and
+/// without expiration, the sender's values saved for replay.
+pub fn park(
+    p: &BasicProperties,
+    reason: &ParkReason,
+    now_ms: i64,
+    destination: Option<&Destination>,
+) -> BasicProperties {
+    let mut h = headers_of(p);
+    h.insert(
+        PARK_REASON.into(),
+        AMQPValue::LongString(LongString::from(reason.to_string())),
+    );
+    h.insert(PARKED_AT.into(), AMQPValue::LongLongInt(now_ms));
+    if let Some(d) = destination {
+        h.insert(
+            TRANSIT_EXCHANGE.into(),
+            AMQPValue::LongString(d.exchange.as_str().into()),
+        );
+        h.insert(
+            TRANSIT_ROUTING_KEY.into(),
+            AMQPValue::LongString(d.routing_key.as_str().into()),
+        );
+    }
+    if p.expiration().is_some() || *p.delivery_mode() != Some(PERSISTENT) {
+        save_properties(p, &mut h);
+    }
+    rebuild(p, Some(h), None, Some(PERSISTENT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldArray;
+
+    fn sender_props() -> BasicProperties {
+        let mut h = FieldTable::default();
+        h.insert("x-requested-delay".into(), AMQPValue::LongString("5s".into()));
+        h.insert("app".into(), AMQPValue::LongInt(7));
+        h.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("w".into())])));
+        h.insert("x-first-death-queue".into(), AMQPValue::LongString("work".into()));
+        BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_content_encoding("gzip".into())
+            .with_headers(h)
+            .with_delivery_mode(1)
+            .with_priority(3)
+            .with_correlation_id("c-1".into())
+            .with_reply_to("replies".into())
+            .with_expiration("60000".into())
+            .with_message_id("m-1".into())
+            .with_timestamp(1_700_000_000)
+            .with_type("order.created".into())
+            .with_user_id("guest".into())
+            .with_app_id("shop".into())
+    }
+
+    fn transit() -> Transit {
+        Transit {
+            destination: Destination { exchange: "orders".into(), routing_key: "eu".into() },
+            deadline_ms: 1_000,
+            hops: 1,
+        }
+    }
+
+    /// What a bucket does to a message when it dead-letters it.
+    fn broker_dead_letters(p: &BasicProperties) -> BasicProperties {
+        let mut h = headers_of(p);
+        h.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("bucket".into())])));
+        h.insert("x-first-death-reason".into(), AMQPValue::LongString("expired".into()));
+        h.insert("x-first-death-queue".into(), AMQPValue::LongString("delay.bucket.1s".into()));
+        rebuild(p, Some(h), None, *p.delivery_mode())
+    }
+
+    #[test]
+    fn in_transit_a_message_is_persistent_without_expiration_and_carries_its_route() {
+        let p = enter_transit(&sender_props(), &transit());
+        assert_eq!(*p.delivery_mode(), Some(PERSISTENT));
+        assert_eq!(*p.expiration(), None);
+        assert_eq!(read_transit(&p), Ok(transit()));
+        let h = p.headers().as_ref().unwrap();
+        assert!(!h.contains_key("x-death"), "sender's x-death is set aside");
+    }
+
+    #[test]
+    fn leaving_transit_restores_every_sender_property_exactly() {
+        let original = sender_props();
+        let mut p = enter_transit(&original, &transit());
+        p = broker_dead_letters(&p);
+        p = next_hop(&p, &Transit { hops: 2, ..transit() });
+        p = broker_dead_letters(&p);
+        assert_eq!(read_transit(&p).unwrap().hops, 2);
+        assert_eq!(leave_transit(&p), original);
+    }
+
+    #[test]
+    fn a_sender_without_headers_gets_none_back() {
+        let original = BasicProperties::default().with_message_id("m".into());
+        let p = broker_dead_letters(&enter_transit(&original, &transit()));
+        assert_eq!(leave_transit(&p), original);
+        let empty = BasicProperties::default().with_headers(FieldTable::default());
+        let p = broker_dead_letters(&enter_transit(&empty, &transit()));
+        assert_eq!(leave_transit(&p), empty);
+    }
+
+    #[test]
+    fn incoming_transit_headers_are_replaced_not_trusted() {
+        let mut h = FieldTable::default();
+        h.insert(TRANSIT_EXCHANGE.into(), AMQPValue::LongString("evil".into()));
+        h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(0));
+        let p = enter_transit(&BasicProperties::default().with_headers(h), &transit());
+        assert_eq!(read_transit(&p), Ok(transit()));
+    }
+
+    #[test]
+    fn a_message_without_transit_headers_is_refused() {
+        assert_eq!(read_transit(&BasicProperties::default()), Err(TransitError::Malformed(TRANSIT_EXCHANGE)));
+    }
+
+    #[test]
+    fn parked_messages_keep_the_sender_view_plus_the_reason() {
+        let p = park(&sender_props(), &ParkReason::MissingDelay, 42, Some(&transit().destination));
+        let h = p.headers().as_ref().unwrap();
+        assert_eq!(
+            h.inner().get(PARK_REASON),
+            Some(&AMQPValue::LongString(ParkReason::MissingDelay.to_string().into()))
+        );
+        assert_eq!(h.inner().get(PARKED_AT), Some(&AMQPValue::LongLongInt(42)));
+        assert_eq!(h.inner().get("app"), Some(&AMQPValue::LongInt(7)));
+        assert_eq!(*p.delivery_mode(), Some(PERSISTENT));
+        assert_eq!(*p.expiration(), None);
+        assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
+    }
+}

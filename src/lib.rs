@@ -1,0 +1,36 @@
+//! delay-router: delayed retries and delayed delivery for RabbitMQ, without
+//! broker plugins, using a ladder of fixed-TTL bucket queues.
+//!
+//! Users publish to the router exchange with `x-requested-delay`; the router
+//! places each message in a bucket whose TTL fits, and when the bucket
+//! dead-letters it, publishes it to its original exchange and routing key.
+//!
+//! The pure core (no I/O; unit- and property-tested):
+//! - [`ladder`]: the bucket rungs, validated and sorted.
+//! - [`placement`]: which rung a message waits on for the time it has left.
+//! - [`contract`]: header names, and parsing of `x-requested-delay` and the destination.
+//! - [`envelope`]: how properties change in transit and are restored exactly on delivery.
+//! - [`park`]: why a message was parked, in words.
+//! - [`decision`]: what to do with a message at ingress or when a bucket expires it.
+//! - [`topology`]: names and arguments of everything declared.
+//! - [`config`]: `buckets.toml` plus environment overrides, validated once.
+//!
+//! The shell (talks to RabbitMQ; every await has a timeout):
+//! - [`broker`]: connecting, declaring, queue depths.
+//! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
+//! - [`status`]: the `status` report.
+//! - [`shutdown`], [`cli`]: signals and the command line.
+
+pub mod broker;
+pub mod cli;
+pub mod config;
+pub mod contract;
+pub mod decision;
+pub mod envelope;
+pub mod ladder;
+pub mod park;
+pub mod placement;
+pub mod router;
+pub mod shutdown;
+pub mod status;
+pub mod topology;

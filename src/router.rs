@@ -1,0 +1,419 @@
+//! The router service: a supervisor that keeps a session alive, and per source
+//! queue a pipeline that consumes, decides, publishes with confirms and acks
+//! the source only once the publish that replaces it is confirmed.
+
+use crate::broker::{self, BrokerError, CONFIRM_TIMEOUT, RPC_TIMEOUT, timed};
+use crate::config::Config;
+use crate::contract::Destination;
+use crate::decision::{Action, Plan};
+use crate::park::{ParkReason, exchange_label};
+use crate::topology::Names;
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::Confirmation;
+use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+/// How long a destination exchange known to exist is trusted before probing again.
+pub const EXCHANGE_CACHE_TTL: Duration = Duration::from_secs(10);
+/// How long shutdown waits for in-flight publishes to be confirmed and acked.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+/// First and longest wait between reconnect attempts.
+pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// A session that lived this long resets the reconnect backoff.
+pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// Why the router stopped for good.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The topology conflicts with what exists: retrying cannot help.
+    #[error(transparent)]
+    Topology(BrokerError),
+}
+
+/// Which queue a pipeline consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Ingress,
+    Expired,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch by the router's clock.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Runs the router until `shutdown` completes, reconnecting after broker faults.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RouterError> {
+    let plan = Arc::new(Plan {
+        ladder: config.ladder.clone(),
+        strategy: config.strategy,
+        names: Names::new(&config.prefix),
+        router_user: config.url.username().to_owned(),
+    });
+    let stop = CancellationToken::new();
+    let supervisor = supervise(config, plan, stop.clone());
+    tokio::pin!(supervisor);
+    tokio::select! {
+        result = &mut supervisor => return result,
+        () = shutdown => info!("shutdown requested: stopping consumers, settling in-flight messages"),
+    }
+    stop.cancel();
+    supervisor.await
+}
+
+async fn supervise(config: Config, plan: Arc<Plan>, stop: CancellationToken) -> Result<(), RouterError> {
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        let started = Instant::now();
+        match session(&config, &plan, &stop).await {
+            Ok(()) => return Ok(()),
+            Err(SessionError::Fatal(e)) => return Err(RouterError::Topology(e)),
+            Err(SessionError::Transient(message)) => {
+                if started.elapsed() >= HEALTHY_SESSION {
+                    backoff = RECONNECT_MIN;
+                }
+                let wait = jittered(backoff);
+                warn!(error = %message, retry_in_ms = wait.as_millis() as u64, "broker session lost; reconnecting");
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                backoff = (backoff * 2).min(RECONNECT_MAX);
+            }
+        }
+    }
+}
+
+/// Half to full of the backoff, so many routers don't reconnect in step.
+fn jittered(d: Duration) -> Duration {
+    let f = 0.5 + rand::random::<f64>() / 2.0;
+    d.mul_f64(f)
+}
+
+enum SessionError {
+    Fatal(BrokerError),
+    Transient(String),
+}
+
+impl From<BrokerError> for SessionError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Conflict { .. } => Self::Fatal(e),
+            other => Self::Transient(other.to_string()),
+        }
+    }
+}
+
+/// A fault raised by any task of a session; the first one wins.
+#[derive(Clone, Default)]
+struct Fault {
+    token: CancellationToken,
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl Fault {
+    fn raise(&self, message: String) {
+        if let Ok(mut first) = self.first.lock()
+            && first.is_none()
+        {
+            *first = Some(message);
+        }
+        self.token.cancel();
+    }
+    fn message(&self) -> String {
+        self.first
+            .lock()
+            .ok()
+            .and_then(|f| f.clone())
+            .unwrap_or_else(|| "unknown fault".into())
+    }
+}
+
+/// One connection's life: declare, run both pipelines, settle on stop.
+async fn session(config: &Config, plan: &Arc<Plan>, stop: &CancellationToken) -> Result<(), SessionError> {
+    let conn = broker::connect(&config.url, "delay-router").await?;
+    info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
+    broker::declare(&conn, &plan.names, &plan.ladder).await?;
+    info!(buckets = plan.ladder.rungs().len(), "topology declared");
+    let conn = Arc::new(conn);
+    let fault = Fault::default();
+    let exchanges = Arc::new(DashMap::new());
+    let mut pipelines = Vec::new();
+    for source in [Source::Ingress, Source::Expired] {
+        let p = Pipeline {
+            source,
+            plan: plan.clone(),
+            conn: conn.clone(),
+            exchanges: exchanges.clone(),
+            fault: fault.clone(),
+            prefetch: config.prefetch,
+        };
+        let stop = stop.clone();
+        pipelines.push(tokio::spawn(
+            async move { p.run(stop).await }.instrument(info_span!("pipeline", source = source.name())),
+        ));
+    }
+    let mut result = Ok(());
+    for handle in pipelines {
+        match handle.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                fault.raise(e.clone());
+                if result.is_ok() {
+                    result = Err(SessionError::Transient(e));
+                }
+            }
+            Err(join) => {
+                fault.raise(join.to_string());
+                result = Err(SessionError::Transient(format!("pipeline task failed: {join}")));
+            }
+        }
+    }
+    if result.is_ok() && fault.token.is_cancelled() {
+        result = Err(SessionError::Transient(fault.message()));
+    }
+    let _ = timed("connection.close", RPC_TIMEOUT, conn.close(200, "delay-router stopping".into())).await;
+    if result.is_ok() {
+        info!("stopped cleanly");
+    }
+    result
+}
+
+struct Pipeline {
+    source: Source,
+    plan: Arc<Plan>,
+    conn: Arc<Connection>,
+    exchanges: Arc<DashMap<ShortString, Instant>>,
+    fault: Fault,
+    prefetch: u16,
+}
+
+/// How a source delivery ends once its replacement publish is settled.
+struct Pending {
+    acker: lapin::Acker,
+    data: Vec<u8>,
+    action: Action,
+}
+
+impl Pipeline {
+    async fn run(self, stop: CancellationToken) -> Result<(), String> {
+        let queue = match self.source {
+            Source::Ingress => self.plan.names.ingress.clone(),
+            Source::Expired => self.plan.names.expired.clone(),
+        };
+        let consume_ch = broker::channel(&self.conn).await.map_err(|e| e.to_string())?;
+        timed("basic.qos", RPC_TIMEOUT, consume_ch.basic_qos(self.prefetch, BasicQosOptions::default()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let publish_ch = broker::channel(&self.conn).await.map_err(|e| e.to_string())?;
+        timed("confirm.select", RPC_TIMEOUT, publish_ch.confirm_select(ConfirmSelectOptions::default()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let tag: ShortString = format!("delay-router-{}", self.source.name()).into();
+        let mut consumer = timed(
+            &format!("basic.consume {queue}"),
+            RPC_TIMEOUT,
+            consume_ch.basic_consume(queue.clone(), tag.clone(), BasicConsumeOptions::default(), FieldTable::default()),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        info!(queue = %queue, prefetch = self.prefetch, "consuming");
+        let tracker = TaskTracker::new();
+        let outcome = loop {
+            tokio::select! {
+                () = stop.cancelled() => break Ok(()),
+                () = self.fault.token.cancelled() => break Err(self.fault.message()),
+                next = consumer.next() => match next {
+                    Some(Ok(delivery)) => {
+                        if let Err(e) = self.handle(delivery, &publish_ch, &tracker).await {
+                            self.fault.raise(e.clone());
+                            break Err(e);
+                        }
+                    }
+                    Some(Err(e)) => break Err(format!("consumer of {queue} failed: {e}")),
+                    None => break Err(format!("consumer of {queue} was cancelled by the broker")),
+                }
+            }
+        };
+        if outcome.is_ok() {
+            let _ = timed("basic.cancel", RPC_TIMEOUT, consume_ch.basic_cancel(tag, BasicCancelOptions::default())).await;
+        }
+        tracker.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+            warn!("in-flight messages not settled in time; the broker will redeliver them");
+        }
+        // Unsettled deliveries return to their queue when the channel closes.
+        let _ = timed("channel.close", RPC_TIMEOUT, publish_ch.close(200, "bye".into())).await;
+        let _ = timed("channel.close", RPC_TIMEOUT, consume_ch.close(200, "bye".into())).await;
+        outcome
+    }
+
+    async fn handle(&self, delivery: lapin::message::Delivery, publish_ch: &Channel, tracker: &TaskTracker) -> Result<(), String> {
+        let now = now_ms();
+        let mut action = match self.source {
+            Source::Ingress => self.plan.on_ingress(&delivery.routing_key, &delivery.properties, now),
+            Source::Expired => self.plan.on_expired(&delivery.properties, now),
+        };
+        if let Action::Deliver { destination, properties } = &action
+            && !self.exchange_exists(&destination.exchange).await?
+        {
+            let reason = ParkReason::ExchangeNotFound(destination.exchange.to_string());
+            action = self.plan.on_delivery_failed(properties, destination, reason, now);
+        }
+        log_action(&action);
+        let confirm = publish(publish_ch, &self.plan.names, &action, &delivery.data).await?;
+        let pending = Pending {
+            acker: delivery.acker,
+            data: delivery.data,
+            action,
+        };
+        let (plan, ch, fault) = (self.plan.clone(), publish_ch.clone(), self.fault.clone());
+        tracker.spawn(async move {
+            if let Err(e) = settle(&plan, &ch, confirm, pending).await {
+                error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
+                fault.raise(e);
+            }
+        }.in_current_span());
+        Ok(())
+    }
+
+    async fn exchange_exists(&self, exchange: &ShortString) -> Result<bool, String> {
+        if exchange.as_str().is_empty() {
+            return Ok(true);
+        }
+        if let Some(seen) = self.exchanges.get(exchange)
+            && seen.elapsed() < EXCHANGE_CACHE_TTL
+        {
+            return Ok(true);
+        }
+        let exists = broker::exchange_exists(&self.conn, exchange).await.map_err(|e| e.to_string())?;
+        if exists {
+            self.exchanges.insert(exchange.clone(), Instant::now());
+        } else {
+            self.exchanges.remove(exchange);
+        }
+        Ok(exists)
+    }
+}
+
+fn log_action(action: &Action) {
+    match action {
+        Action::Wait { queue, ttl, .. } => debug!(bucket = %queue, ttl_ms = ttl.as_millis() as u64, "placed"),
+        Action::Deliver { destination, .. } => debug!(
+            exchange = exchange_label(destination.exchange.as_str()),
+            routing_key = %destination.routing_key,
+            "delivering"
+        ),
+        Action::Park { reason, .. } => warn!(reason = %reason, "parking message"),
+    }
+}
+
+type Confirm = lapin::PublisherConfirm;
+
+/// Publishes an action's message, `mandatory` so an unroutable one comes back.
+async fn publish(ch: &Channel, names: &Names, action: &Action, data: &[u8]) -> Result<Confirm, String> {
+    let (exchange, routing_key, properties): (ShortString, ShortString, &BasicProperties) = match action {
+        Action::Wait { queue, properties, .. } => ("".into(), queue.clone(), properties),
+        Action::Deliver { destination, properties } => {
+            (destination.exchange.clone(), destination.routing_key.clone(), properties)
+        }
+        Action::Park { properties, .. } => ("".into(), names.parked.clone(), properties),
+    };
+    let opts = BasicPublishOptions {
+        mandatory: true,
+        ..Default::default()
+    };
+    timed(
+        "basic.publish",
+        RPC_TIMEOUT,
+        ch.basic_publish(exchange, routing_key, opts, data, properties.clone()),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Waits for the confirm of an action's publish and settles the source delivery:
+/// acked when the replacement is safely routed; a delivery the destination
+/// cannot take is parked first; anything else is a fault.
+async fn settle(plan: &Plan, ch: &Channel, confirm: Confirm, pending: Pending) -> Result<(), String> {
+    let confirmation = wait_confirm(confirm).await?;
+    let failure = match (&pending.action, confirmation) {
+        (_, Confirmation::Ack(None)) => None,
+        (Action::Deliver { destination, .. }, Confirmation::Ack(Some(_))) => Some((
+            destination,
+            ParkReason::NoRoute {
+                exchange: exchange_label(destination.exchange.as_str()).to_owned(),
+                routing_key: destination.routing_key.to_string(),
+            },
+        )),
+        (Action::Deliver { destination, .. }, Confirmation::Nack(_)) => Some((
+            destination,
+            ParkReason::Refused(exchange_label(destination.exchange.as_str()).to_owned()),
+        )),
+        (Action::Wait { queue, .. }, Confirmation::Ack(Some(_))) => {
+            return Err(format!("bucket queue {queue} is missing (topology drift); redeclaring"));
+        }
+        (Action::Park { .. }, Confirmation::Ack(Some(_))) => {
+            return Err(format!("parking queue {} is missing (topology drift); redeclaring", plan.names.parked));
+        }
+        (_, other) => return Err(format!("broker did not accept the publish: {other:?}")),
+    };
+    if let Some((destination, reason)) = failure {
+        park_after_delivery(plan, ch, &pending, destination, reason).await?;
+    }
+    timed("basic.ack", RPC_TIMEOUT, pending.acker.ack(BasicAckOptions::default()))
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+async fn park_after_delivery(
+    plan: &Plan,
+    ch: &Channel,
+    pending: &Pending,
+    destination: &Destination,
+    reason: ParkReason,
+) -> Result<(), String> {
+    let Action::Deliver { properties, .. } = &pending.action else {
+        return Ok(());
+    };
+    let action = plan.on_delivery_failed(properties, destination, reason, now_ms());
+    log_action(&action);
+    let confirm = publish(ch, &plan.names, &action, &pending.data).await?;
+    match wait_confirm(confirm).await? {
+        Confirmation::Ack(None) => Ok(()),
+        other => Err(format!("parking failed: {other:?}")),
+    }
+}
+
+async fn wait_confirm(confirm: Confirm) -> Result<Confirmation, String> {
+    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("publisher confirm failed: {e}")),
+        Err(_) => Err(format!("publisher confirm timed out after {CONFIRM_TIMEOUT:?}")),
+    }
+}
