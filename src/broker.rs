@@ -4,9 +4,7 @@
 use crate::config::{AmqpUrl, redact_text};
 use crate::ladder::Ladder;
 use crate::topology::{self, Names};
-use lapin::options::{
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use std::future::Future;
@@ -123,7 +121,11 @@ async fn declare_exchange(
     .map_err(|e| declare_error("exchange", name.as_str(), e))
 }
 
-async fn declare_queue(ch: &Channel, name: &ShortString, args: FieldTable) -> Result<(), BrokerError> {
+async fn declare_queue(
+    ch: &Channel,
+    name: &ShortString,
+    args: FieldTable,
+) -> Result<(), BrokerError> {
     timed(
         &format!("queue.declare {name}"),
         RPC_TIMEOUT,
@@ -134,7 +136,11 @@ async fn declare_queue(ch: &Channel, name: &ShortString, args: FieldTable) -> Re
     .map_err(|e| declare_error("queue", name.as_str(), e))
 }
 
-async fn bind(ch: &Channel, queue: &ShortString, exchange: &ShortString) -> Result<(), BrokerError> {
+async fn bind(
+    ch: &Channel,
+    queue: &ShortString,
+    exchange: &ShortString,
+) -> Result<(), BrokerError> {
     timed(
         &format!("queue.bind {queue} to {exchange}"),
         RPC_TIMEOUT,
@@ -162,7 +168,12 @@ pub async fn declare(conn: &Connection, names: &Names, ladder: &Ladder) -> Resul
     for (queue, rung) in names.buckets(ladder) {
         declare_queue(&ch, &queue, topology::bucket_arguments(names, rung)).await?;
     }
-    let _ = timed("channel.close", RPC_TIMEOUT, ch.close(200, "declared".into())).await;
+    let _ = timed(
+        "channel.close",
+        RPC_TIMEOUT,
+        ch.close(200, "declared".into()),
+    )
+    .await;
     Ok(())
 }
 
@@ -191,7 +202,10 @@ pub async fn depth(conn: &Connection, queue: &ShortString) -> Result<Option<u32>
 }
 
 /// Whether an exchange exists, by passive declare on a throwaway channel.
-pub async fn exchange_exists(conn: &Connection, exchange: &ShortString) -> Result<bool, BrokerError> {
+pub async fn exchange_exists(
+    conn: &Connection,
+    exchange: &ShortString,
+) -> Result<bool, BrokerError> {
     if exchange.as_str().is_empty() {
         return Ok(true);
     }
@@ -203,7 +217,12 @@ pub async fn exchange_exists(conn: &Connection, exchange: &ShortString) -> Resul
     let result = timed(
         &format!("exchange.declare passive {exchange}"),
         RPC_TIMEOUT,
-        ch.exchange_declare(exchange.clone(), ExchangeKind::Direct, opts, FieldTable::default()),
+        ch.exchange_declare(
+            exchange.clone(),
+            ExchangeKind::Direct,
+            opts,
+            FieldTable::default(),
+        ),
     )
     .await;
     match result {

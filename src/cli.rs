@@ -32,7 +32,8 @@ pub struct ConfigArg {
 }
 
 fn load(arg: &ConfigArg) -> anyhow::Result<Config> {
-    Config::load(&arg.config).with_context(|| format!("invalid configuration {}", arg.config.display()))
+    Config::load(&arg.config)
+        .with_context(|| format!("invalid configuration {}", arg.config.display()))
 }
 
 /// Runs one command to completion.
@@ -47,7 +48,12 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             let conn = broker::connect(&config.url, "delay-router declare").await?;
             let names = crate::topology::Names::new(&config.prefix);
             broker::declare(&conn, &names, &config.ladder).await?;
-            let _ = broker::timed("connection.close", broker::RPC_TIMEOUT, conn.close(200, "declared".into())).await;
+            let _ = broker::timed(
+                "connection.close",
+                broker::RPC_TIMEOUT,
+                conn.close(200, "declared".into()),
+            )
+            .await;
             println!(
                 "declared {} buckets, {}, {}, {} and {} on {}",
                 config.ladder.rungs().len(),

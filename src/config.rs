@@ -78,12 +78,8 @@ pub struct AmqpUrl {
 impl AmqpUrl {
     /// Parses a URL; the error never repeats the password.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let uri = AMQPUri::from_str(raw).map_err(|_| {
-            format!(
-                "not a valid amqp:// or amqps:// URL ({})",
-                redact(raw)
-            )
-        })?;
+        let uri = AMQPUri::from_str(raw)
+            .map_err(|_| format!("not a valid amqp:// or amqps:// URL ({})", redact(raw)))?;
         Ok(Self {
             raw: raw.to_owned(),
             uri,
@@ -195,7 +191,8 @@ impl Config {
             message,
         };
         let url_raw = raw.amqp.url.unwrap_or_else(|| DEFAULT_URL.into());
-        let url = AmqpUrl::parse(&url_raw).map_err(|m| invalid("amqp.url", &redact(&url_raw), m))?;
+        let url =
+            AmqpUrl::parse(&url_raw).map_err(|m| invalid("amqp.url", &redact(&url_raw), m))?;
         let prefetch = match raw.amqp.prefetch {
             None => DEFAULT_PREFETCH,
             Some(p) => p
@@ -203,7 +200,13 @@ impl Config {
                 .parse::<u16>()
                 .ok()
                 .filter(|n| *n > 0)
-                .ok_or_else(|| invalid("amqp.prefetch", &p, "expected a whole number from 1 to 65535".into()))?,
+                .ok_or_else(|| {
+                    invalid(
+                        "amqp.prefetch",
+                        &p,
+                        "expected a whole number from 1 to 65535".into(),
+                    )
+                })?,
         };
         let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
         if prefix.is_empty()
@@ -226,7 +229,9 @@ impl Config {
             .bucket
             .iter()
             .enumerate()
-            .map(|(i, b)| parse_rung(&b.ttl).map_err(|m| invalid(&format!("bucket[{i}].ttl"), &b.ttl, m)))
+            .map(|(i, b)| {
+                parse_rung(&b.ttl).map_err(|m| invalid(&format!("bucket[{i}].ttl"), &b.ttl, m))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let ladder = Ladder::new(rungs)?;
         Ok(Self {
@@ -241,7 +246,16 @@ impl Config {
 
 /// Redacts anything that looks like a URL with a password inside free text.
 pub fn redact_text(text: &str) -> String {
-    text.split(' ').map(|w| if w.contains("://") { redact(w) } else { w.to_owned() }).collect::<Vec<_>>().join(" ")
+    text.split(' ')
+        .map(|w| {
+            if w.contains("://") {
+                redact(w)
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -255,7 +269,10 @@ mod tests {
     fn shipped_file_loads_with_the_documented_ladder() {
         let c = Config::from_toml(SHIPPED).unwrap();
         let labels: Vec<_> = c.ladder.rungs().iter().map(|r| r.label.as_str()).collect();
-        assert_eq!(labels, ["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"]);
+        assert_eq!(
+            labels,
+            ["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"]
+        );
         assert_eq!(c.prefix, "delay");
         assert_eq!(c.strategy, Strategy::RoundUp);
         assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
@@ -267,7 +284,10 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key_and_the_value() {
-        assert_eq!(err(""), "[[bucket]]: the ladder is empty: declare at least one [[bucket]] with a ttl");
+        assert_eq!(
+            err(""),
+            "[[bucket]]: the ladder is empty: declare at least one [[bucket]] with a ttl"
+        );
         let e = err("[[bucket]]\nttl = \"0s\"");
         assert!(e.contains("\"0s\" is zero"), "{e}");
         let e = err("[[bucket]]\nttl = \"1s\"\n[[bucket]]\nttl = \"1000ms\"");
@@ -277,7 +297,10 @@ mod tests {
         let e = err("[[bucket]]\nttl = \"60d\"");
         assert!(e.contains("exceeds RabbitMQ's limit"), "{e}");
         let e = err("[placement]\nstrategy = \"fastest\"\n[[bucket]]\nttl = \"1s\"");
-        assert!(e.starts_with("placement.strategy = \"fastest\": unknown strategy"), "{e}");
+        assert!(
+            e.starts_with("placement.strategy = \"fastest\": unknown strategy"),
+            "{e}"
+        );
         let e = err("[topology]\nprefix = \"a b\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.starts_with("topology.prefix = \"a b\""), "{e}");
         let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");
@@ -294,8 +317,14 @@ mod tests {
         let path = dir.join("buckets.toml");
         std::fs::write(&path, SHIPPED).unwrap();
         let env = [
-            ("DELAY_ROUTER__AMQP__URL".to_string(), "amqp://bob:pw@example:5673/v".to_string()),
-            ("DELAY_ROUTER__TOPOLOGY__PREFIX".to_string(), "other".to_string()),
+            (
+                "DELAY_ROUTER__AMQP__URL".to_string(),
+                "amqp://bob:pw@example:5673/v".to_string(),
+            ),
+            (
+                "DELAY_ROUTER__TOPOLOGY__PREFIX".to_string(),
+                "other".to_string(),
+            ),
             ("DELAY_ROUTER__AMQP__PREFETCH".to_string(), "50".to_string()),
             ("UNRELATED".to_string(), "x".to_string()),
         ];
@@ -305,17 +334,25 @@ mod tests {
         assert_eq!(c.prefix, "other");
         assert_eq!(c.prefetch, 50);
         assert_eq!(c.ladder.smallest().ttl, Duration::from_secs(30));
-        let bad = [("DELAY_ROUTER__PLACEMENT__STRATEGY".to_string(), "soonest".to_string())];
+        let bad = [(
+            "DELAY_ROUTER__PLACEMENT__STRATEGY".to_string(),
+            "soonest".to_string(),
+        )];
         let e = Config::load_with_env(&path, bad).unwrap_err().to_string();
         assert!(e.starts_with("placement.strategy = \"soonest\""), "{e}");
-        let missing = Config::load_with_env(&dir.join("nope.toml"), []).unwrap_err().to_string();
+        let missing = Config::load_with_env(&dir.join("nope.toml"), [])
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("nope.toml: no such file"), "{missing}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn redaction_hides_only_the_password() {
-        assert_eq!(redact("amqps://u:p@h:5671/v?x=1"), "amqps://u:***@h:5671/v?x=1");
+        assert_eq!(
+            redact("amqps://u:p@h:5671/v?x=1"),
+            "amqps://u:***@h:5671/v?x=1"
+        );
         assert_eq!(redact("amqp://h"), "amqp://h");
         assert_eq!(redact("amqp://u@h"), "amqp://u@h");
         assert_eq!(redact("amqp://u:p:q@h/a@b"), "amqp://u:***@h/a@b");

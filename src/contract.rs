@@ -65,11 +65,15 @@ pub enum DelayError {
     Negative(i64),
     #[error("x-requested-delay is empty")]
     Empty,
-    #[error("x-requested-delay \"{0}\" is neither a whole number of milliseconds nor a duration such as \"90s\" or \"1m 30s\"")]
+    #[error(
+        "x-requested-delay \"{0}\" is neither a whole number of milliseconds nor a duration such as \"90s\" or \"1m 30s\""
+    )]
     Unparsable(String),
     #[error("x-requested-delay is not valid UTF-8")]
     NotUtf8,
-    #[error("x-requested-delay has type {0}; expected an integer number of milliseconds or a duration string")]
+    #[error(
+        "x-requested-delay has type {0}; expected an integer number of milliseconds or a duration string"
+    )]
     WrongType(&'static str),
     #[error("x-requested-delay {0} exceeds the maximum accepted delay of 10 years")]
     TooLong(String),
@@ -86,7 +90,9 @@ pub fn parse_delay(value: &AMQPValue) -> Result<Duration, DelayError> {
         AMQPValue::ShortUInt(v) => u64::from(*v),
         AMQPValue::LongUInt(v) => u64::from(*v),
         AMQPValue::LongString(s) => {
-            return parse_delay_str(std::str::from_utf8(s.as_bytes()).map_err(|_| DelayError::NotUtf8)?);
+            return parse_delay_str(
+                std::str::from_utf8(s.as_bytes()).map_err(|_| DelayError::NotUtf8)?,
+            );
         }
         AMQPValue::ShortString(s) => return parse_delay_str(s.as_str()),
         other => return Err(DelayError::WrongType(type_name(other))),
@@ -113,7 +119,9 @@ pub fn parse_delay_str(s: &str) -> Result<Duration, DelayError> {
         return Err(DelayError::Empty);
     }
     if t.bytes().all(|b| b.is_ascii_digit()) {
-        let millis: u64 = t.parse().map_err(|_| DelayError::TooLong(format!("\"{t}\"")))?;
+        let millis: u64 = t
+            .parse()
+            .map_err(|_| DelayError::TooLong(format!("\"{t}\"")))?;
         return bounded(Duration::from_millis(millis), || format!("\"{t}\""));
     }
     if let Some(rest) = t.strip_prefix('-')
@@ -142,8 +150,13 @@ fn shorten(s: &str) -> String {
 pub fn type_name(v: &AMQPValue) -> &'static str {
     match v {
         AMQPValue::Boolean(_) => "boolean",
-        AMQPValue::ShortShortInt(_) | AMQPValue::ShortInt(_) | AMQPValue::LongInt(_) | AMQPValue::LongLongInt(_) => "signed integer",
-        AMQPValue::ShortShortUInt(_) | AMQPValue::ShortUInt(_) | AMQPValue::LongUInt(_) => "unsigned integer",
+        AMQPValue::ShortShortInt(_)
+        | AMQPValue::ShortInt(_)
+        | AMQPValue::LongInt(_)
+        | AMQPValue::LongLongInt(_) => "signed integer",
+        AMQPValue::ShortShortUInt(_) | AMQPValue::ShortUInt(_) | AMQPValue::LongUInt(_) => {
+            "unsigned integer"
+        }
         AMQPValue::Float(_) | AMQPValue::Double(_) => "floating point",
         AMQPValue::DecimalValue(_) => "decimal",
         AMQPValue::ShortString(_) | AMQPValue::LongString(_) => "string",
@@ -167,10 +180,15 @@ pub struct Destination {
 /// Why a destination header cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DestinationError {
-    #[error("no destination: the x-original-exchange header is missing (use \"\" for the default exchange)")]
+    #[error(
+        "no destination: the x-original-exchange header is missing (use \"\" for the default exchange)"
+    )]
     Missing,
     #[error("{header} must be a string, got {kind}")]
-    WrongType { header: &'static str, kind: &'static str },
+    WrongType {
+        header: &'static str,
+        kind: &'static str,
+    },
     #[error("{header} is not valid UTF-8")]
     NotUtf8 { header: &'static str },
     #[error("{header} is longer than AMQP's 255-byte limit ({len} bytes)")]
@@ -209,7 +227,8 @@ pub fn requested_destination(
     routing_key: &ShortString,
 ) -> Result<Destination, DestinationError> {
     let exchange = short_string(headers, ORIGINAL_EXCHANGE)?.ok_or(DestinationError::Missing)?;
-    let routing_key = short_string(headers, ORIGINAL_ROUTING_KEY)?.unwrap_or_else(|| routing_key.clone());
+    let routing_key =
+        short_string(headers, ORIGINAL_ROUTING_KEY)?.unwrap_or_else(|| routing_key.clone());
     Ok(Destination {
         exchange,
         routing_key,
@@ -269,37 +288,76 @@ mod tests {
 
     #[test]
     fn bad_delays_say_what_is_wrong() {
-        assert_eq!(parse_delay(&AMQPValue::LongInt(-5)), Err(DelayError::Negative(-5)));
+        assert_eq!(
+            parse_delay(&AMQPValue::LongInt(-5)),
+            Err(DelayError::Negative(-5))
+        );
         assert_eq!(parse_delay(&s("-5")), Err(DelayError::Negative(-5)));
         assert_eq!(parse_delay(&s("  ")), Err(DelayError::Empty));
-        assert!(matches!(parse_delay(&s("soon")), Err(DelayError::Unparsable(_))));
-        assert!(matches!(parse_delay(&s("-5s")), Err(DelayError::Unparsable(_))));
-        assert_eq!(parse_delay(&AMQPValue::Double(1.5)), Err(DelayError::WrongType("floating point")));
-        assert_eq!(parse_delay(&AMQPValue::Boolean(true)), Err(DelayError::WrongType("boolean")));
+        assert!(matches!(
+            parse_delay(&s("soon")),
+            Err(DelayError::Unparsable(_))
+        ));
+        assert!(matches!(
+            parse_delay(&s("-5s")),
+            Err(DelayError::Unparsable(_))
+        ));
+        assert_eq!(
+            parse_delay(&AMQPValue::Double(1.5)),
+            Err(DelayError::WrongType("floating point"))
+        );
+        assert_eq!(
+            parse_delay(&AMQPValue::Boolean(true)),
+            Err(DelayError::WrongType("boolean"))
+        );
         assert_eq!(
             parse_delay(&AMQPValue::LongString(LongString::from(vec![0xff, 0xfe]))),
             Err(DelayError::NotUtf8)
         );
-        assert!(matches!(parse_delay(&AMQPValue::LongLongInt(i64::MAX)), Err(DelayError::TooLong(_))));
-        assert!(matches!(parse_delay(&s("99999999999999999999999")), Err(DelayError::TooLong(_))));
-        assert!(matches!(parse_delay(&s("20000years")), Err(DelayError::TooLong(_)) | Err(DelayError::Unparsable(_))));
+        assert!(matches!(
+            parse_delay(&AMQPValue::LongLongInt(i64::MAX)),
+            Err(DelayError::TooLong(_))
+        ));
+        assert!(matches!(
+            parse_delay(&s("99999999999999999999999")),
+            Err(DelayError::TooLong(_))
+        ));
+        assert!(matches!(
+            parse_delay(&s("20000years")),
+            Err(DelayError::TooLong(_)) | Err(DelayError::Unparsable(_))
+        ));
     }
 
     #[test]
     fn destination_defaults_the_routing_key_and_checks_types() {
         let rk: ShortString = "jobs".into();
         let mut h = FieldTable::default();
-        assert_eq!(requested_destination(&h, &rk), Err(DestinationError::Missing));
+        assert_eq!(
+            requested_destination(&h, &rk),
+            Err(DestinationError::Missing)
+        );
         h.insert(ORIGINAL_EXCHANGE.into(), s(""));
         assert_eq!(
             requested_destination(&h, &rk),
-            Ok(Destination { exchange: "".into(), routing_key: "jobs".into() })
+            Ok(Destination {
+                exchange: "".into(),
+                routing_key: "jobs".into()
+            })
         );
         h.insert(ORIGINAL_ROUTING_KEY.into(), s("orders.eu"));
-        assert_eq!(requested_destination(&h, &rk).unwrap().routing_key.as_str(), "orders.eu");
+        assert_eq!(
+            requested_destination(&h, &rk).unwrap().routing_key.as_str(),
+            "orders.eu"
+        );
         h.insert(ORIGINAL_ROUTING_KEY.into(), s(&"k".repeat(256)));
-        assert!(matches!(requested_destination(&h, &rk), Err(DestinationError::TooLong { len: 256, .. })));
+        assert!(matches!(
+            requested_destination(&h, &rk),
+            Err(DestinationError::TooLong { len: 256, .. })
+        ));
         h.insert(ORIGINAL_EXCHANGE.into(), AMQPValue::LongInt(3));
-        assert!(matches!(requested_destination(&h, &rk), Err(DestinationError::WrongType { .. })));
+        assert!(matches!(
+            requested_destination(&h, &rk),
+            Err(DestinationError::WrongType { .. })
+        ));
     }
 }

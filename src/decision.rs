@@ -44,7 +44,12 @@ pub enum Action {
 
 impl Plan {
     /// A message published to the router exchange.
-    pub fn on_ingress(&self, routing_key: &ShortString, p: &BasicProperties, now_ms: i64) -> Action {
+    pub fn on_ingress(
+        &self,
+        routing_key: &ShortString,
+        p: &BasicProperties,
+        now_ms: i64,
+    ) -> Action {
         match self.admit(routing_key, p, now_ms) {
             Ok(transit) => self.schedule(p, transit, now_ms, true),
             Err((reason, destination)) => Action::Park {
@@ -66,7 +71,9 @@ impl Plan {
             .map_err(|e| (ParkReason::InvalidDestination(e), None))?;
         let park = |reason| (reason, Some(destination.clone()));
         if destination.exchange.as_str() == self.names.router_exchange.as_str() {
-            return Err(park(ParkReason::DestinationIsRouter(destination.exchange.to_string())));
+            return Err(park(ParkReason::DestinationIsRouter(
+                destination.exchange.to_string(),
+            )));
         }
         if let Some(user_id) = p.user_id()
             && user_id.as_str() != self.router_user
@@ -89,8 +96,16 @@ impl Plan {
     }
 
     /// Places a message with `transit` in a bucket, or delivers it when due.
-    fn schedule(&self, p: &BasicProperties, mut transit: Transit, now_ms: i64, entering: bool) -> Action {
-        let remaining = Duration::from_millis(u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0));
+    fn schedule(
+        &self,
+        p: &BasicProperties,
+        mut transit: Transit,
+        now_ms: i64,
+        entering: bool,
+    ) -> Action {
+        let remaining = Duration::from_millis(
+            u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
+        );
         match placement::place(self.strategy, &self.ladder, remaining) {
             Some(placement) => {
                 transit.hops += 1;
@@ -182,35 +197,74 @@ mod tests {
 
     #[test]
     fn ingress_places_in_the_round_up_bucket_with_a_deadline() {
-        let p = props(&[("x-requested-delay", AMQPValue::LongInt(1500)), (ORIGINAL_EXCHANGE, s("orders"))]);
-        let Action::Wait { queue, ttl, properties } = plan().on_ingress(&"eu".into(), &p, NOW) else {
+        let p = props(&[
+            ("x-requested-delay", AMQPValue::LongInt(1500)),
+            (ORIGINAL_EXCHANGE, s("orders")),
+        ]);
+        let Action::Wait {
+            queue,
+            ttl,
+            properties,
+        } = plan().on_ingress(&"eu".into(), &p, NOW)
+        else {
             panic!("expected a bucket")
         };
         assert_eq!(queue.as_str(), "t.bucket.2s");
         assert_eq!(ttl, Duration::from_secs(2));
         let t = read_transit(&properties).unwrap();
         assert_eq!(t.deadline_ms, NOW + 1500);
-        assert_eq!((t.destination.exchange.as_str(), t.destination.routing_key.as_str()), ("orders", "eu"));
+        assert_eq!(
+            (
+                t.destination.exchange.as_str(),
+                t.destination.routing_key.as_str()
+            ),
+            ("orders", "eu")
+        );
     }
 
     #[test]
     fn expiry_before_the_deadline_goes_round_again_and_after_it_delivers() {
-        let p = props(&[("x-requested-delay", s("7s")), (ORIGINAL_EXCHANGE, s("")), (ORIGINAL_ROUTING_KEY, s("jobs"))]);
+        let p = props(&[
+            ("x-requested-delay", s("7s")),
+            (ORIGINAL_EXCHANGE, s("")),
+            (ORIGINAL_ROUTING_KEY, s("jobs")),
+        ]);
         let plan = plan();
-        let Action::Wait { queue, properties, .. } = plan.on_ingress(&"x".into(), &p, NOW) else { panic!() };
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_ingress(&"x".into(), &p, NOW)
+        else {
+            panic!()
+        };
         assert_eq!(queue.as_str(), "t.bucket.5s");
-        let Action::Wait { queue, properties, .. } = plan.on_expired(&properties, NOW + 5_000) else { panic!() };
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_expired(&properties, NOW + 5_000)
+        else {
+            panic!()
+        };
         assert_eq!(queue.as_str(), "t.bucket.2s");
         assert_eq!(read_transit(&properties).unwrap().hops, 2);
-        let Action::Deliver { destination, properties } = plan.on_expired(&properties, NOW + 7_000) else { panic!() };
+        let Action::Deliver {
+            destination,
+            properties,
+        } = plan.on_expired(&properties, NOW + 7_000)
+        else {
+            panic!()
+        };
         assert_eq!(destination.routing_key.as_str(), "jobs");
         assert_eq!(properties, p);
     }
 
     #[test]
     fn zero_delay_delivers_at_once_unchanged() {
-        let p = props(&[("x-requested-delay", AMQPValue::LongInt(0)), (ORIGINAL_EXCHANGE, s("orders"))]);
-        assert!(matches!(plan().on_ingress(&"eu".into(), &p, NOW), Action::Deliver { properties, .. } if properties == p));
+        let p = props(&[
+            ("x-requested-delay", AMQPValue::LongInt(0)),
+            (ORIGINAL_EXCHANGE, s("orders")),
+        ]);
+        assert!(
+            matches!(plan().on_ingress(&"eu".into(), &p, NOW), Action::Deliver { properties, .. } if properties == p)
+        );
     }
 
     fn park_reason(p: &BasicProperties) -> ParkReason {
@@ -222,9 +276,15 @@ mod tests {
 
     #[test]
     fn bad_input_is_parked_with_a_reason() {
-        assert_eq!(park_reason(&props(&[(ORIGINAL_EXCHANGE, s("o"))])), ParkReason::MissingDelay);
+        assert_eq!(
+            park_reason(&props(&[(ORIGINAL_EXCHANGE, s("o"))])),
+            ParkReason::MissingDelay
+        );
         assert!(matches!(
-            park_reason(&props(&[(ORIGINAL_EXCHANGE, s("o")), ("x-requested-delay", s("-3"))])),
+            park_reason(&props(&[
+                (ORIGINAL_EXCHANGE, s("o")),
+                ("x-requested-delay", s("-3"))
+            ])),
             ParkReason::InvalidDelay(_)
         ));
         assert!(matches!(
@@ -232,19 +292,29 @@ mod tests {
             ParkReason::InvalidDestination(_)
         ));
         assert!(matches!(
-            park_reason(&props(&[("x-requested-delay", s("3s")), (ORIGINAL_EXCHANGE, s("t.router"))])),
+            park_reason(&props(&[
+                ("x-requested-delay", s("3s")),
+                (ORIGINAL_EXCHANGE, s("t.router"))
+            ])),
             ParkReason::DestinationIsRouter(_)
         ));
-        let p = props(&[("x-requested-delay", s("3s")), (ORIGINAL_EXCHANGE, s("o"))]).with_user_id("mallory".into());
+        let p = props(&[("x-requested-delay", s("3s")), (ORIGINAL_EXCHANGE, s("o"))])
+            .with_user_id("mallory".into());
         assert!(matches!(park_reason(&p), ParkReason::UserIdMismatch { .. }));
-        assert!(matches!(park_reason(&BasicProperties::default()), ParkReason::InvalidDestination(_)));
+        assert!(matches!(
+            park_reason(&BasicProperties::default()),
+            ParkReason::InvalidDestination(_)
+        ));
     }
 
     #[test]
     fn expired_without_transit_headers_is_parked() {
         assert!(matches!(
             plan().on_expired(&BasicProperties::default(), NOW),
-            Action::Park { reason: ParkReason::NotInTransit(_), .. }
+            Action::Park {
+                reason: ParkReason::NotInTransit(_),
+                ..
+            }
         ));
     }
 }

@@ -8,8 +8,8 @@
 
 use crate::contract::{
     DEATH_HEADERS, Destination, PARK_REASON, PARKED_AT, SAVED_HEADERS, SAVED_PROPERTIES,
-    TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_ROUTING_KEY, integer,
-    short_string,
+    TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_ROUTING_KEY,
+    integer, short_string,
 };
 use crate::park::ParkReason;
 use lapin::BasicProperties;
@@ -92,7 +92,10 @@ fn put_transit(h: &mut Headers, t: &Transit) {
         TRANSIT_ROUTING_KEY.into(),
         AMQPValue::LongString(t.destination.routing_key.as_str().into()),
     );
-    h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(t.deadline_ms));
+    h.insert(
+        TRANSIT_DEADLINE.into(),
+        AMQPValue::LongLongInt(t.deadline_ms),
+    );
     h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
 }
 
@@ -159,7 +162,8 @@ pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
         .ok()
         .flatten()
         .ok_or(TransitError::Malformed(TRANSIT_ROUTING_KEY))?;
-    let deadline_ms = integer(h, TRANSIT_DEADLINE).ok_or(TransitError::Malformed(TRANSIT_DEADLINE))?;
+    let deadline_ms =
+        integer(h, TRANSIT_DEADLINE).ok_or(TransitError::Malformed(TRANSIT_DEADLINE))?;
     let hops = integer(h, TRANSIT_HOPS).unwrap_or(1);
     Ok(Transit {
         destination: Destination {
@@ -261,10 +265,19 @@ mod tests {
 
     fn sender_props() -> BasicProperties {
         let mut h = FieldTable::default();
-        h.insert("x-requested-delay".into(), AMQPValue::LongString("5s".into()));
+        h.insert(
+            "x-requested-delay".into(),
+            AMQPValue::LongString("5s".into()),
+        );
         h.insert("app".into(), AMQPValue::LongInt(7));
-        h.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("w".into())])));
-        h.insert("x-first-death-queue".into(), AMQPValue::LongString("work".into()));
+        h.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("w".into())])),
+        );
+        h.insert(
+            "x-first-death-queue".into(),
+            AMQPValue::LongString("work".into()),
+        );
         BasicProperties::default()
             .with_content_type("application/json".into())
             .with_content_encoding("gzip".into())
@@ -283,7 +296,10 @@ mod tests {
 
     fn transit() -> Transit {
         Transit {
-            destination: Destination { exchange: "orders".into(), routing_key: "eu".into() },
+            destination: Destination {
+                exchange: "orders".into(),
+                routing_key: "eu".into(),
+            },
             deadline_ms: 1_000,
             hops: 1,
         }
@@ -292,9 +308,20 @@ mod tests {
     /// What a bucket does to a message when it dead-letters it.
     fn broker_dead_letters(p: &BasicProperties) -> BasicProperties {
         let mut h = headers_of(p);
-        h.insert("x-death".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString("bucket".into())])));
-        h.insert("x-first-death-reason".into(), AMQPValue::LongString("expired".into()));
-        h.insert("x-first-death-queue".into(), AMQPValue::LongString("delay.bucket.1s".into()));
+        h.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongString(
+                "bucket".into(),
+            )])),
+        );
+        h.insert(
+            "x-first-death-reason".into(),
+            AMQPValue::LongString("expired".into()),
+        );
+        h.insert(
+            "x-first-death-queue".into(),
+            AMQPValue::LongString("delay.bucket.1s".into()),
+        );
         rebuild(p, Some(h), None, *p.delivery_mode())
     }
 
@@ -313,7 +340,13 @@ mod tests {
         let original = sender_props();
         let mut p = enter_transit(&original, &transit());
         p = broker_dead_letters(&p);
-        p = next_hop(&p, &Transit { hops: 2, ..transit() });
+        p = next_hop(
+            &p,
+            &Transit {
+                hops: 2,
+                ..transit()
+            },
+        );
         p = broker_dead_letters(&p);
         assert_eq!(read_transit(&p).unwrap().hops, 2);
         assert_eq!(leave_transit(&p), original);
@@ -332,7 +365,10 @@ mod tests {
     #[test]
     fn incoming_transit_headers_are_replaced_not_trusted() {
         let mut h = FieldTable::default();
-        h.insert(TRANSIT_EXCHANGE.into(), AMQPValue::LongString("evil".into()));
+        h.insert(
+            TRANSIT_EXCHANGE.into(),
+            AMQPValue::LongString("evil".into()),
+        );
         h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(0));
         let p = enter_transit(&BasicProperties::default().with_headers(h), &transit());
         assert_eq!(read_transit(&p), Ok(transit()));
@@ -340,16 +376,26 @@ mod tests {
 
     #[test]
     fn a_message_without_transit_headers_is_refused() {
-        assert_eq!(read_transit(&BasicProperties::default()), Err(TransitError::Malformed(TRANSIT_EXCHANGE)));
+        assert_eq!(
+            read_transit(&BasicProperties::default()),
+            Err(TransitError::Malformed(TRANSIT_EXCHANGE))
+        );
     }
 
     #[test]
     fn parked_messages_keep_the_sender_view_plus_the_reason() {
-        let p = park(&sender_props(), &ParkReason::MissingDelay, 42, Some(&transit().destination));
+        let p = park(
+            &sender_props(),
+            &ParkReason::MissingDelay,
+            42,
+            Some(&transit().destination),
+        );
         let h = p.headers().as_ref().unwrap();
         assert_eq!(
             h.inner().get(PARK_REASON),
-            Some(&AMQPValue::LongString(ParkReason::MissingDelay.to_string().into()))
+            Some(&AMQPValue::LongString(
+                ParkReason::MissingDelay.to_string().into()
+            ))
         );
         assert_eq!(h.inner().get(PARKED_AT), Some(&AMQPValue::LongLongInt(42)));
         assert_eq!(h.inner().get("app"), Some(&AMQPValue::LongInt(7)));

@@ -27,9 +27,13 @@ pub enum LadderError {
     Zero { label: String },
     #[error("bucket ttl \"{label}\" is not a whole number of milliseconds")]
     SubMillisecond { label: String },
-    #[error("bucket ttl \"{label}\" exceeds RabbitMQ's limit for x-message-ttl (4294967295ms, about 49 days)")]
+    #[error(
+        "bucket ttl \"{label}\" exceeds RabbitMQ's limit for x-message-ttl (4294967295ms, about 49 days)"
+    )]
     TooLong { label: String },
-    #[error("bucket ttls \"{first}\" and \"{second}\" are the same duration: each rung must be distinct")]
+    #[error(
+        "bucket ttls \"{first}\" and \"{second}\" are the same duration: each rung must be distinct"
+    )]
     Duplicate { first: String, second: String },
 }
 
@@ -107,7 +111,9 @@ impl Ladder {
 
     /// Index of the largest rung whose TTL is at most `delay`, if any.
     pub fn round_down(&self, delay: Duration) -> Option<usize> {
-        self.rungs.partition_point(|r| r.ttl <= delay).checked_sub(1)
+        self.rungs
+            .partition_point(|r| r.ttl <= delay)
+            .checked_sub(1)
     }
 }
 

@@ -2,10 +2,17 @@ use clap::Parser;
 use delay_router::cli::{Cli, execute};
 use tracing_subscriber::EnvFilter;
 
+/// Log filter when `RUST_LOG` is unset. lapin logs every channel the broker
+/// closes at ERROR, including the passive probes the router makes on purpose
+/// (does this exchange exist?); the router logs the faults that matter itself.
+const DEFAULT_LOG: &str = "info,lapin::channel=off";
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG)),
+        )
         .with_writer(std::io::stderr)
         .init();
     match execute(Cli::parse()).await {

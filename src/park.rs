@@ -11,23 +11,43 @@ pub enum ParkReason {
     InvalidDelay(DelayError),
     #[error("invalid destination: {0}")]
     InvalidDestination(DestinationError),
-    #[error("destination is the router exchange '{0}' itself: delivering there would delay the message forever")]
+    #[error(
+        "destination is the router exchange '{0}' itself: delivering there would delay the message forever"
+    )]
     DestinationIsRouter(String),
-    #[error("user-id '{user_id}' differs from the router's AMQP user '{router_user}': RabbitMQ refuses to forward it unchanged")]
-    UserIdMismatch { user_id: String, router_user: String },
+    #[error(
+        "user-id '{user_id}' differs from the router's AMQP user '{router_user}': RabbitMQ refuses to forward it unchanged"
+    )]
+    UserIdMismatch {
+        user_id: String,
+        router_user: String,
+    },
     #[error("destination exchange '{0}' does not exist")]
     ExchangeNotFound(String),
-    #[error("unroutable: no queue is bound to exchange '{exchange}' with routing key '{routing_key}' (NO_ROUTE)")]
-    NoRoute { exchange: String, routing_key: String },
-    #[error("the broker refused the message at exchange '{0}' (basic.nack), e.g. a full queue with overflow reject-publish")]
+    #[error(
+        "unroutable: no queue is bound to exchange '{exchange}' with routing key '{routing_key}' (NO_ROUTE)"
+    )]
+    NoRoute {
+        exchange: String,
+        routing_key: String,
+    },
+    #[error(
+        "the broker refused the message at exchange '{0}' (basic.nack), e.g. a full queue with overflow reject-publish"
+    )]
     Refused(String),
-    #[error("arrived from a bucket without the router's transit headers ({0}); was it published straight to a bucket?")]
+    #[error(
+        "arrived from a bucket without the router's transit headers ({0}); was it published straight to a bucket?"
+    )]
     NotInTransit(String),
 }
 
 /// Renders an exchange name for humans: the default exchange has no name.
 pub fn exchange_label(name: &str) -> &str {
-    if name.is_empty() { "(default exchange)" } else { name }
+    if name.is_empty() {
+        "(default exchange)"
+    } else {
+        name
+    }
 }
 
 #[cfg(test)]
@@ -41,7 +61,11 @@ mod tests {
             "invalid delay: x-requested-delay is negative (-5)"
         );
         assert_eq!(
-            ParkReason::NoRoute { exchange: "orders".into(), routing_key: "eu".into() }.to_string(),
+            ParkReason::NoRoute {
+                exchange: "orders".into(),
+                routing_key: "eu".into()
+            }
+            .to_string(),
             "unroutable: no queue is bound to exchange 'orders' with routing key 'eu' (NO_ROUTE)"
         );
     }

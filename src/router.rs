@@ -10,11 +10,11 @@ use crate::park::{ParkReason, exchange_label};
 use crate::topology::Names;
 use dashmap::DashMap;
 use futures_util::StreamExt;
+use lapin::Confirmation;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
-use lapin::Confirmation;
 use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 use std::future::Future;
@@ -85,7 +85,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     supervisor.await
 }
 
-async fn supervise(config: Config, plan: Arc<Plan>, stop: CancellationToken) -> Result<(), RouterError> {
+async fn supervise(
+    config: Config,
+    plan: Arc<Plan>,
+    stop: CancellationToken,
+) -> Result<(), RouterError> {
     let mut backoff = RECONNECT_MIN;
     loop {
         let started = Instant::now();
@@ -154,7 +158,11 @@ impl Fault {
 }
 
 /// One connection's life: declare, run both pipelines, settle on stop.
-async fn session(config: &Config, plan: &Arc<Plan>, stop: &CancellationToken) -> Result<(), SessionError> {
+async fn session(
+    config: &Config,
+    plan: &Arc<Plan>,
+    stop: &CancellationToken,
+) -> Result<(), SessionError> {
     let conn = broker::connect(&config.url, "delay-router").await?;
     info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
     broker::declare(&conn, &plan.names, &plan.ladder).await?;
@@ -174,7 +182,8 @@ async fn session(config: &Config, plan: &Arc<Plan>, stop: &CancellationToken) ->
         };
         let stop = stop.clone();
         pipelines.push(tokio::spawn(
-            async move { p.run(stop).await }.instrument(info_span!("pipeline", source = source.name())),
+            async move { p.run(stop).await }
+                .instrument(info_span!("pipeline", source = source.name())),
         ));
     }
     let mut result = Ok(());
@@ -189,14 +198,21 @@ async fn session(config: &Config, plan: &Arc<Plan>, stop: &CancellationToken) ->
             }
             Err(join) => {
                 fault.raise(join.to_string());
-                result = Err(SessionError::Transient(format!("pipeline task failed: {join}")));
+                result = Err(SessionError::Transient(format!(
+                    "pipeline task failed: {join}"
+                )));
             }
         }
     }
     if result.is_ok() && fault.token.is_cancelled() {
         result = Err(SessionError::Transient(fault.message()));
     }
-    let _ = timed("connection.close", RPC_TIMEOUT, conn.close(200, "delay-router stopping".into())).await;
+    let _ = timed(
+        "connection.close",
+        RPC_TIMEOUT,
+        conn.close(200, "delay-router stopping".into()),
+    )
+    .await;
     if result.is_ok() {
         info!("stopped cleanly");
     }
@@ -225,19 +241,36 @@ impl Pipeline {
             Source::Ingress => self.plan.names.ingress.clone(),
             Source::Expired => self.plan.names.expired.clone(),
         };
-        let consume_ch = broker::channel(&self.conn).await.map_err(|e| e.to_string())?;
-        timed("basic.qos", RPC_TIMEOUT, consume_ch.basic_qos(self.prefetch, BasicQosOptions::default()))
+        let consume_ch = broker::channel(&self.conn)
             .await
             .map_err(|e| e.to_string())?;
-        let publish_ch = broker::channel(&self.conn).await.map_err(|e| e.to_string())?;
-        timed("confirm.select", RPC_TIMEOUT, publish_ch.confirm_select(ConfirmSelectOptions::default()))
+        timed(
+            "basic.qos",
+            RPC_TIMEOUT,
+            consume_ch.basic_qos(self.prefetch, BasicQosOptions::default()),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let publish_ch = broker::channel(&self.conn)
             .await
             .map_err(|e| e.to_string())?;
+        timed(
+            "confirm.select",
+            RPC_TIMEOUT,
+            publish_ch.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         let tag: ShortString = format!("delay-router-{}", self.source.name()).into();
         let mut consumer = timed(
             &format!("basic.consume {queue}"),
             RPC_TIMEOUT,
-            consume_ch.basic_consume(queue.clone(), tag.clone(), BasicConsumeOptions::default(), FieldTable::default()),
+            consume_ch.basic_consume(
+                queue.clone(),
+                tag.clone(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -260,29 +293,60 @@ impl Pipeline {
             }
         };
         if outcome.is_ok() {
-            let _ = timed("basic.cancel", RPC_TIMEOUT, consume_ch.basic_cancel(tag, BasicCancelOptions::default())).await;
+            let _ = timed(
+                "basic.cancel",
+                RPC_TIMEOUT,
+                consume_ch.basic_cancel(tag, BasicCancelOptions::default()),
+            )
+            .await;
         }
         tracker.close();
-        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+            .await
+            .is_err()
+        {
             warn!("in-flight messages not settled in time; the broker will redeliver them");
         }
         // Unsettled deliveries return to their queue when the channel closes.
-        let _ = timed("channel.close", RPC_TIMEOUT, publish_ch.close(200, "bye".into())).await;
-        let _ = timed("channel.close", RPC_TIMEOUT, consume_ch.close(200, "bye".into())).await;
+        let _ = timed(
+            "channel.close",
+            RPC_TIMEOUT,
+            publish_ch.close(200, "bye".into()),
+        )
+        .await;
+        let _ = timed(
+            "channel.close",
+            RPC_TIMEOUT,
+            consume_ch.close(200, "bye".into()),
+        )
+        .await;
         outcome
     }
 
-    async fn handle(&self, delivery: lapin::message::Delivery, publish_ch: &Channel, tracker: &TaskTracker) -> Result<(), String> {
+    async fn handle(
+        &self,
+        delivery: lapin::message::Delivery,
+        publish_ch: &Channel,
+        tracker: &TaskTracker,
+    ) -> Result<(), String> {
         let now = now_ms();
         let mut action = match self.source {
-            Source::Ingress => self.plan.on_ingress(&delivery.routing_key, &delivery.properties, now),
+            Source::Ingress => {
+                self.plan
+                    .on_ingress(&delivery.routing_key, &delivery.properties, now)
+            }
             Source::Expired => self.plan.on_expired(&delivery.properties, now),
         };
-        if let Action::Deliver { destination, properties } = &action
+        if let Action::Deliver {
+            destination,
+            properties,
+        } = &action
             && !self.exchange_exists(&destination.exchange).await?
         {
             let reason = ParkReason::ExchangeNotFound(destination.exchange.to_string());
-            action = self.plan.on_delivery_failed(properties, destination, reason, now);
+            action = self
+                .plan
+                .on_delivery_failed(properties, destination, reason, now);
         }
         log_action(&action);
         let confirm = publish(publish_ch, &self.plan.names, &action, &delivery.data).await?;
@@ -310,7 +374,9 @@ impl Pipeline {
         {
             return Ok(true);
         }
-        let exists = broker::exchange_exists(&self.conn, exchange).await.map_err(|e| e.to_string())?;
+        let exists = broker::exchange_exists(&self.conn, exchange)
+            .await
+            .map_err(|e| e.to_string())?;
         if exists {
             self.exchanges.insert(exchange.clone(), Instant::now());
         } else {
@@ -322,7 +388,9 @@ impl Pipeline {
 
 fn log_action(action: &Action) {
     match action {
-        Action::Wait { queue, ttl, .. } => debug!(bucket = %queue, ttl_ms = ttl.as_millis() as u64, "placed"),
+        Action::Wait { queue, ttl, .. } => {
+            debug!(bucket = %queue, ttl_ms = ttl.as_millis() as u64, "placed")
+        }
         Action::Deliver { destination, .. } => debug!(
             exchange = exchange_label(destination.exchange.as_str()),
             routing_key = %destination.routing_key,
@@ -335,14 +403,27 @@ fn log_action(action: &Action) {
 type Confirm = lapin::PublisherConfirm;
 
 /// Publishes an action's message, `mandatory` so an unroutable one comes back.
-async fn publish(ch: &Channel, names: &Names, action: &Action, data: &[u8]) -> Result<Confirm, String> {
-    let (exchange, routing_key, properties): (ShortString, ShortString, &BasicProperties) = match action {
-        Action::Wait { queue, properties, .. } => ("".into(), queue.clone(), properties),
-        Action::Deliver { destination, properties } => {
-            (destination.exchange.clone(), destination.routing_key.clone(), properties)
-        }
-        Action::Park { properties, .. } => ("".into(), names.parked.clone(), properties),
-    };
+async fn publish(
+    ch: &Channel,
+    names: &Names,
+    action: &Action,
+    data: &[u8],
+) -> Result<Confirm, String> {
+    let (exchange, routing_key, properties): (ShortString, ShortString, &BasicProperties) =
+        match action {
+            Action::Wait {
+                queue, properties, ..
+            } => ("".into(), queue.clone(), properties),
+            Action::Deliver {
+                destination,
+                properties,
+            } => (
+                destination.exchange.clone(),
+                destination.routing_key.clone(),
+                properties,
+            ),
+            Action::Park { properties, .. } => ("".into(), names.parked.clone(), properties),
+        };
     let opts = BasicPublishOptions {
         mandatory: true,
         ..Default::default()
@@ -359,7 +440,12 @@ async fn publish(ch: &Channel, names: &Names, action: &Action, data: &[u8]) -> R
 /// Waits for the confirm of an action's publish and settles the source delivery:
 /// acked when the replacement is safely routed; a delivery the destination
 /// cannot take is parked first; anything else is a fault.
-async fn settle(plan: &Plan, ch: &Channel, confirm: Confirm, pending: Pending) -> Result<(), String> {
+async fn settle(
+    plan: &Plan,
+    ch: &Channel,
+    confirm: Confirm,
+    pending: Pending,
+) -> Result<(), String> {
     let confirmation = wait_confirm(confirm).await?;
     let failure = match (&pending.action, confirmation) {
         (_, Confirmation::Ack(None)) => None,
@@ -375,20 +461,29 @@ async fn settle(plan: &Plan, ch: &Channel, confirm: Confirm, pending: Pending) -
             ParkReason::Refused(exchange_label(destination.exchange.as_str()).to_owned()),
         )),
         (Action::Wait { queue, .. }, Confirmation::Ack(Some(_))) => {
-            return Err(format!("bucket queue {queue} is missing (topology drift); redeclaring"));
+            return Err(format!(
+                "bucket queue {queue} is missing (topology drift); redeclaring"
+            ));
         }
         (Action::Park { .. }, Confirmation::Ack(Some(_))) => {
-            return Err(format!("parking queue {} is missing (topology drift); redeclaring", plan.names.parked));
+            return Err(format!(
+                "parking queue {} is missing (topology drift); redeclaring",
+                plan.names.parked
+            ));
         }
         (_, other) => return Err(format!("broker did not accept the publish: {other:?}")),
     };
     if let Some((destination, reason)) = failure {
         park_after_delivery(plan, ch, &pending, destination, reason).await?;
     }
-    timed("basic.ack", RPC_TIMEOUT, pending.acker.ack(BasicAckOptions::default()))
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string())
+    timed(
+        "basic.ack",
+        RPC_TIMEOUT,
+        pending.acker.ack(BasicAckOptions::default()),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| e.to_string())
 }
 
 async fn park_after_delivery(
@@ -414,6 +509,8 @@ async fn wait_confirm(confirm: Confirm) -> Result<Confirmation, String> {
     match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(format!("publisher confirm failed: {e}")),
-        Err(_) => Err(format!("publisher confirm timed out after {CONFIRM_TIMEOUT:?}")),
+        Err(_) => Err(format!(
+            "publisher confirm timed out after {CONFIRM_TIMEOUT:?}"
+        )),
     }
 }

@@ -35,18 +35,27 @@ pub async fn collect(config: &Config) -> Result<Vec<QueueStatus>, BrokerError> {
             messages,
         });
     }
-    let _ = timed("connection.close", RPC_TIMEOUT, conn.close(200, "status done".into())).await;
+    let _ = timed(
+        "connection.close",
+        RPC_TIMEOUT,
+        conn.close(200, "status done".into()),
+    )
+    .await;
     Ok(out)
 }
 
 /// Renders the report as aligned text.
 pub fn render(config: &Config, rows: &[QueueStatus]) -> String {
     let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0);
+    let role_width = rows.iter().map(|r| r.role.len()).max().unwrap_or(0);
     let mut s = String::new();
     let _ = writeln!(s, "broker {}  strategy {}", config.url, config.strategy);
     for r in rows {
-        let count = r.messages.map_or_else(|| "missing (run `delay-router declare`)".to_owned(), |n| n.to_string());
-        let _ = writeln!(s, "{:<12} {:<width$}  {}", r.role, r.queue, count);
+        let count = r.messages.map_or_else(
+            || "missing (run `delay-router declare`)".to_owned(),
+            |n| n.to_string(),
+        );
+        let _ = writeln!(s, "{:<role_width$}  {:<width$}  {}", r.role, r.queue, count);
     }
     s
 }

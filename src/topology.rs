@@ -43,7 +43,10 @@ impl Names {
     }
 
     /// Every bucket queue of a ladder, with its rung.
-    pub fn buckets<'a>(&'a self, ladder: &'a Ladder) -> impl Iterator<Item = (ShortString, &'a Rung)> + 'a {
+    pub fn buckets<'a>(
+        &'a self,
+        ladder: &'a Ladder,
+    ) -> impl Iterator<Item = (ShortString, &'a Rung)> + 'a {
         ladder.rungs().iter().map(|r| (self.bucket(r), r))
     }
 }
@@ -52,7 +55,10 @@ impl Names {
 pub fn bucket_arguments(names: &Names, rung: &Rung) -> FieldTable {
     let mut args = FieldTable::default();
     let ttl = u32::try_from(rung.ttl.as_millis()).unwrap_or(u32::MAX);
-    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(i64::from(ttl)));
+    args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(i64::from(ttl)),
+    );
     args.insert(
         "x-dead-letter-exchange".into(),
         AMQPValue::LongString(names.expired_exchange.as_str().into()),
@@ -63,7 +69,10 @@ pub fn bucket_arguments(names: &Names, rung: &Rung) -> FieldTable {
 /// Arguments of the ingress queue: what expires or is rejected there is parked, not dropped.
 pub fn ingress_arguments(names: &Names) -> FieldTable {
     let mut args = FieldTable::default();
-    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
     args.insert(
         "x-dead-letter-routing-key".into(),
         AMQPValue::LongString(names.parked.as_str().into()),

@@ -1,0 +1,357 @@
+//! Test harness: a router in-process on a random prefix with a short ladder,
+//! a client connection, and removal of everything declared, even on panic.
+#![allow(dead_code)]
+
+use delay_router::config::Config;
+use delay_router::router::{self, RouterError};
+use delay_router::topology::Names;
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+pub fn url() -> String {
+    std::env::var("DELAY_ROUTER_TEST_URL").unwrap_or_else(|_| URL.into())
+}
+
+pub fn random_prefix() -> String {
+    format!("drt-{:08x}", rand::random::<u32>())
+}
+
+pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
+    let mut t = format!(
+        "[amqp]\nurl = \"{}\"\n[topology]\nprefix = \"{prefix}\"\n{extra}\n",
+        url()
+    );
+    for rung in ladder {
+        t.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
+    }
+    t
+}
+
+pub struct Harness {
+    pub prefix: String,
+    pub config: Config,
+    pub names: Names,
+    pub conn: Connection,
+    pub ch: Channel,
+    stop: Option<oneshot::Sender<()>>,
+    router: Option<JoinHandle<Result<(), RouterError>>>,
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+    cleaned: bool,
+}
+
+impl Harness {
+    /// A running router on a fresh prefix with this ladder.
+    pub async fn start(ladder: &[&str]) -> Self {
+        let mut h = Self::new(ladder, "").await;
+        h.start_router().await;
+        h
+    }
+
+    /// Everything but the router.
+    pub async fn new(ladder: &[&str], extra: &str) -> Self {
+        let prefix = random_prefix();
+        let config = Config::from_toml(&config_toml(&prefix, ladder, extra)).expect("test config");
+        let names = Names::new(&prefix);
+        let conn = Connection::connect(&url(), ConnectionProperties::default())
+            .await
+            .expect("test client connects to RabbitMQ on 127.0.0.1:5672");
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut queues: Vec<String> = config
+            .ladder
+            .rungs()
+            .iter()
+            .map(|r| names.bucket(r).to_string())
+            .collect();
+        queues.extend([&names.ingress, &names.expired, &names.parked].map(|q| q.to_string()));
+        let exchanges = vec![
+            names.router_exchange.to_string(),
+            names.expired_exchange.to_string(),
+        ];
+        Self {
+            prefix,
+            config,
+            names,
+            conn,
+            ch,
+            stop: None,
+            router: None,
+            queues,
+            exchanges,
+            cleaned: false,
+        }
+    }
+
+    pub async fn start_router(&mut self) {
+        let (tx, rx) = oneshot::channel();
+        let config = self.config.clone();
+        self.router = Some(tokio::spawn(router::run(config, async move {
+            let _ = rx.await;
+        })));
+        self.stop = Some(tx);
+        self.wait_consumers().await;
+    }
+
+    async fn wait_consumers(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let a = self.consumers(self.names.ingress.as_str()).await;
+            let b = self.consumers(self.names.expired.as_str()).await;
+            if a >= 1 && b >= 1 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "router did not start consuming");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the router gracefully and returns its result.
+    pub async fn stop_router(&mut self) -> Result<(), RouterError> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match self.router.take() {
+            Some(h) => tokio::time::timeout(Duration::from_secs(30), h)
+                .await
+                .expect("router stops within 30s")
+                .expect("router task"),
+            None => Ok(()),
+        }
+    }
+
+    /// A durable queue owned by this test, named `<prefix>.<suffix>`.
+    pub async fn queue(&mut self, suffix: &str) -> String {
+        let name = format!("{}.{suffix}", self.prefix);
+        self.ch
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        self.queues.push(name.clone());
+        name
+    }
+
+    /// A direct exchange owned by this test, `<prefix>.<suffix>`.
+    pub async fn exchange(&mut self, suffix: &str) -> String {
+        let name = format!("{}.{suffix}", self.prefix);
+        self.ch
+            .exchange_declare(
+                name.as_str().into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        self.exchanges.push(name.clone());
+        name
+    }
+
+    pub async fn bind(&self, queue: &str, exchange: &str, key: &str) {
+        self.ch
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Publishes to the router exchange and waits for the confirm.
+    pub async fn publish(&self, routing_key: &str, props: BasicProperties, body: &[u8]) {
+        let c = self
+            .ch
+            .basic_publish(
+                self.names.router_exchange.clone(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(c.is_ack());
+    }
+
+    /// Receives `n` messages from `queue` (auto-ack), each with its arrival time,
+    /// failing after `within`.
+    pub async fn receive(
+        &self,
+        queue: &str,
+        n: usize,
+        within: Duration,
+    ) -> Vec<(Instant, Delivery)> {
+        let ch = self.conn.create_channel().await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                queue.into(),
+                format!("test-{}", rand::random::<u32>()).as_str().into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + within;
+        while out.len() < n {
+            match tokio::time::timeout_at(deadline, consumer.next()).await {
+                Ok(Some(Ok(d))) => out.push((Instant::now(), d)),
+                Ok(other) => panic!("consumer ended: {other:?}"),
+                Err(_) => panic!(
+                    "received {} of {n} messages from {queue} within {within:?}",
+                    out.len()
+                ),
+            }
+        }
+        let _ = ch.close(200, "done".into()).await;
+        out
+    }
+
+    /// Ready messages in a queue.
+    pub async fn depth(&self, queue: &str) -> u32 {
+        let ch = self.conn.create_channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = ch.close(200, "ok".into()).await;
+        q.message_count()
+    }
+
+    pub async fn consumers(&self, queue: &str) -> u32 {
+        let ch = self.conn.create_channel().await.unwrap();
+        let r = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = ch.close(200, "ok".into()).await;
+        r.map(|q| q.consumer_count()).unwrap_or(0)
+    }
+
+    /// Stops the router and deletes everything this test declared.
+    pub async fn cleanup(mut self) {
+        let _ = self.stop_router().await;
+        delete_all(&self.conn, &self.queues, &self.exchanges).await;
+        self.cleaned = true;
+    }
+}
+
+async fn delete_all(conn: &Connection, queues: &[String], exchanges: &[String]) {
+    for q in queues {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = ch.close(200, "ok".into()).await;
+        }
+    }
+    for e in exchanges {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+            let _ = ch.close(200, "ok".into()).await;
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        // A failed test: remove what it declared from a thread with its own runtime.
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let (queues, exchanges) = (self.queues.clone(), self.exchanges.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(conn) = Connection::connect(&url(), ConnectionProperties::default()).await
+                {
+                    delete_all(&conn, &queues, &exchanges).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub fn headers(pairs: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut h = FieldTable::default();
+    for (k, v) in pairs {
+        h.insert((*k).into(), v.clone());
+    }
+    h
+}
+
+pub fn s(v: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(v))
+}
+
+pub fn header<'a>(d: &'a Delivery, key: &str) -> Option<&'a AMQPValue> {
+    d.properties.headers().as_ref()?.inner().get(key)
+}
+
+pub fn header_str(d: &Delivery, key: &str) -> Option<String> {
+    match header(d, key)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+/// Properties for a message delayed by `delay` to the default exchange, queue `queue`.
+pub fn to_queue(queue: &str, delay: AMQPValue) -> BasicProperties {
+    BasicProperties::default().with_headers(headers(&[
+        ("x-requested-delay", delay),
+        ("x-original-exchange", s("")),
+        ("x-original-routing-key", s(queue)),
+    ]))
+}
+
+pub fn short(s: &str) -> ShortString {
+    s.into()
+}

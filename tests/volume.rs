@@ -1,0 +1,62 @@
+//! Volume: many messages through the router, none lost, none duplicated.
+
+mod common;
+use common::*;
+use lapin::types::AMQPValue;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn a_thousand_messages_arrive_exactly_once_and_never_early() {
+    const N: usize = 1000;
+    let mut h = Harness::start(&["1s", "2s"]).await;
+    let q = h.queue("dest").await;
+    let t0 = Instant::now();
+    let mut sent = Vec::with_capacity(N);
+    for i in 0..N {
+        let delay_ms = (i as i64 * 7919) % 2500;
+        let props =
+            to_queue(&q, AMQPValue::LongLongInt(delay_ms)).with_message_id(i.to_string().into());
+        let c =
+            h.ch.basic_publish(
+                h.names.router_exchange.clone(),
+                "k".into(),
+                Default::default(),
+                &i.to_le_bytes(),
+                props,
+            )
+            .await
+            .unwrap();
+        sent.push((Instant::now(), delay_ms, c));
+    }
+    let mut publish_times = Vec::with_capacity(N);
+    for (at, delay_ms, c) in sent {
+        assert!(c.await.unwrap().is_ack());
+        publish_times.push((at, delay_ms));
+    }
+    let got = h.receive(&q, N, Duration::from_secs(60)).await;
+    let mut seen = BTreeSet::new();
+    for (arrived, d) in &got {
+        let i: usize = d
+            .properties
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str()
+            .parse()
+            .unwrap();
+        assert!(seen.insert(i), "message {i} delivered twice");
+        assert_eq!(d.data, i.to_le_bytes());
+        let (at, delay_ms) = publish_times[i];
+        assert!(
+            *arrived - at >= Duration::from_millis(delay_ms as u64),
+            "message {i} early"
+        );
+    }
+    assert_eq!(seen.len(), N);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(h.depth(&q).await, 0, "no duplicates after the last one");
+    assert_eq!(h.depth(h.names.parked.as_str()).await, 0);
+    eprintln!("{N} messages in {:?}", t0.elapsed());
+    h.cleanup().await;
+}
