@@ -1,1 +1,286 @@
-fn main() {}
+//! Throughput: messages/s the router moves from its ingress queue into a bucket,
+//! against RabbitMQ's own shovel (ack-mode on-confirm) moving the same messages
+//! between two durable queues, in the same run on the same broker.
+//!
+//! Both drain a prefilled queue of persistent 512-byte messages with confirms
+//! and acks. The rate is measured from the first message moved to the last
+//! (start-up excluded for both); each round runs both, alternating.
+//!
+//! The router is the release binary in its own process, as users run it, with
+//! the shipped prefetch unless BENCH_PREFETCH says otherwise.
+//!
+//! `cargo bench --bench throughput` (env: BENCH_MESSAGES=30000 BENCH_ROUNDS=5).
+
+use delay_router::broker;
+use delay_router::config::Config;
+use delay_router::topology::Names;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const BODY: usize = 512;
+const WINDOW: usize = 2000;
+const POLL: Duration = Duration::from_millis(5);
+
+fn env_or(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn props() -> BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert(
+        "x-requested-delay".into(),
+        AMQPValue::LongString(LongString::from("30m")),
+    );
+    h.insert(
+        "x-original-exchange".into(),
+        AMQPValue::LongString(LongString::from("")),
+    );
+    h.insert(
+        "x-original-routing-key".into(),
+        AMQPValue::LongString(LongString::from("bench.nowhere")),
+    );
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(h)
+}
+
+async fn prefill(ch: &Channel, exchange: &str, routing_key: &str, n: usize) {
+    let body = vec![b'x'; BODY];
+    let mut pending = Vec::with_capacity(WINDOW);
+    for _ in 0..n {
+        let c = ch
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                &body,
+                props(),
+            )
+            .await
+            .expect("publish");
+        pending.push(c);
+        if pending.len() == WINDOW {
+            for c in pending.drain(..) {
+                assert!(c.await.expect("confirm").is_ack());
+            }
+        }
+    }
+    for c in pending {
+        assert!(c.await.expect("confirm").is_ack());
+    }
+}
+
+async fn depth(conn: &Connection, queue: &str) -> u32 {
+    broker::depth(conn, &queue.into())
+        .await
+        .expect("depth")
+        .unwrap_or(0)
+}
+
+async fn wait_depth(conn: &Connection, queue: &str, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while depth(conn, queue).await < n {
+        assert!(Instant::now() < deadline, "{queue} never reached {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `dst` until it holds `n`; returns messages/s from the first moved to the last.
+async fn drain_rate(conn: &Connection, dst: &str, n: u32) -> f64 {
+    let start = Instant::now();
+    let mut first: Option<(Instant, u32)> = None;
+    loop {
+        let d = depth(conn, dst).await;
+        let now = Instant::now();
+        if first.is_none() && d > 0 {
+            first = Some((now, d));
+        }
+        if d >= n {
+            let (t, base) = first.unwrap();
+            let moved = f64::from(n - base);
+            let secs = (now - t).as_secs_f64();
+            return if secs > 0.0 {
+                moved / secs
+            } else {
+                f64::INFINITY
+            };
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "{dst} stuck at {d}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn prefix() -> String {
+    format!("bench-{:08x}", rand::random::<u32>())
+}
+
+async fn delete_queues(ch: &Channel, queues: &[String]) {
+    for q in queues {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+}
+
+async fn router_round(conn: &Connection, n: usize) -> f64 {
+    let prefix = prefix();
+    let prefetch = std::env::var("BENCH_PREFETCH")
+        .map(|p| format!("prefetch = \"{p}\"\n"))
+        .unwrap_or_default();
+    let text = format!(
+        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
+    );
+    let config = Config::from_toml(&text).unwrap();
+    let names = Names::new(&prefix);
+    broker::declare(conn, &names, &config.ladder).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    prefill(&ch, names.router_exchange.as_str(), "bench", n).await;
+    wait_depth(conn, names.ingress.as_str(), n as u32).await;
+    let bucket = names.bucket(config.ladder.top()).to_string();
+    // The shipped binary, in its own process, as users run it.
+    let path = std::env::temp_dir().join(format!("{prefix}.toml"));
+    std::fs::write(&path, &text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("router binary");
+    let rate = drain_rate(conn, &bucket, n as u32).await;
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "router exited with {status}");
+    std::fs::remove_file(path).unwrap();
+    let queues = [
+        bucket,
+        names.ingress.to_string(),
+        names.expired.to_string(),
+        names.parked.to_string(),
+    ];
+    delete_queues(&ch, &queues).await;
+    for e in [&names.router_exchange, &names.expired_exchange] {
+        let _ = ch
+            .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    rate
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl on PATH");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn shovel_round(conn: &Connection, n: usize) -> f64 {
+    let prefix = prefix();
+    let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for q in [&src, &dst] {
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    prefill(&ch, "", &src, n).await;
+    wait_depth(conn, &src, n as u32).await;
+    let definition = format!(
+        r#"{{"src-protocol":"amqp091","src-uri":"amqp://guest:guest@127.0.0.1","src-queue":"{src}","dest-protocol":"amqp091","dest-uri":"amqp://guest:guest@127.0.0.1","dest-queue":"{dst}","ack-mode":"on-confirm","src-prefetch-count":1000}}"#
+    );
+    let name = format!("{prefix}-shovel");
+    let setter = {
+        let (name, definition) = (name.clone(), definition.clone());
+        tokio::task::spawn_blocking(move || {
+            rabbitmqctl(&["set_parameter", "-q", "shovel", &name, &definition])
+        })
+    };
+    let rate = drain_rate(conn, &dst, n as u32).await;
+    setter.await.unwrap();
+    rabbitmqctl(&["clear_parameter", "-q", "shovel", &name]);
+    delete_queues(&ch, &[src, dst]).await;
+    rate
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` lists; nothing to list here.
+    }
+    let n = env_or("BENCH_MESSAGES", 30_000);
+    let rounds = env_or("BENCH_ROUNDS", 5);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq");
+    let ok = Command::new(script)
+        .args(["--plugin", "rabbitmq_shovel"])
+        .status()
+        .expect("scripts/ensure-rabbitmq");
+    assert!(ok.success(), "broker or shovel plugin unavailable");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let conn = Connection::connect(URL, ConnectionProperties::default()).await.expect("broker");
+        let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            // Alternate who goes first so neither always runs on a warmer broker.
+            let (r, s) = if round % 2 == 1 {
+                let r = router_round(&conn, n).await;
+                (r, shovel_round(&conn, n).await)
+            } else {
+                let s = shovel_round(&conn, n).await;
+                (router_round(&conn, n).await, s)
+            };
+            println!("round {round}: router {r:>8.0} msg/s   shovel {s:>8.0} msg/s   ratio {:.2}", r / s);
+            routers.push(r);
+            shovels.push(s);
+            ratios.push(r / s);
+        }
+        for v in [&mut routers, &mut shovels, &mut ratios] {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        }
+        println!();
+        println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue");
+        println!("| | min | median | max |");
+        println!("|---|---|---|---|");
+        for (name, v, unit) in [("router msg/s", &routers, 0), ("shovel msg/s", &shovels, 0), ("ratio router/shovel", &ratios, 2)] {
+            println!(
+                "| {name} | {:.*} | {:.*} | {:.*} |",
+                unit, v[0], unit, percentile(v, 0.5), unit, v[v.len() - 1]
+            );
+        }
+    });
+}

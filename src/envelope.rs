@@ -22,6 +22,7 @@ pub const PERSISTENT: u8 = 2;
 const SAVED_EXPIRATION: &str = "expiration";
 const SAVED_DELIVERY_MODE: &str = "delivery-mode";
 const SAVED_NO_HEADERS: &str = "no-headers";
+const SAVED_NO_DELIVERY_MODE: &str = "no-delivery-mode";
 
 /// What the router knows about a message waiting in a bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +108,8 @@ fn remove_death(h: &mut Headers) {
 
 /// Moves the sender's `expiration` and non-persistent `delivery-mode` aside,
 /// so the message is persistent and never expires on its own while stored.
+/// Nothing is written when nothing differs (no expiration, persistent, has
+/// headers): the common case costs the broker no extra header bytes.
 fn save_properties(p: &BasicProperties, h: &mut Headers) {
     let mut saved = FieldTable::default();
     if let Some(e) = p.expiration() {
@@ -115,13 +118,21 @@ fn save_properties(p: &BasicProperties, h: &mut Headers) {
             AMQPValue::LongString(e.as_str().into()),
         );
     }
-    if let Some(m) = *p.delivery_mode() {
-        saved.insert(SAVED_DELIVERY_MODE.into(), AMQPValue::ShortShortUInt(m));
+    match *p.delivery_mode() {
+        Some(PERSISTENT) => {}
+        Some(m) => {
+            saved.insert(SAVED_DELIVERY_MODE.into(), AMQPValue::ShortShortUInt(m));
+        }
+        None => {
+            saved.insert(SAVED_NO_DELIVERY_MODE.into(), AMQPValue::Boolean(true));
+        }
     }
     if p.headers().is_none() {
         saved.insert(SAVED_NO_HEADERS.into(), AMQPValue::Boolean(true));
     }
-    h.insert(SAVED_PROPERTIES.into(), AMQPValue::FieldTable(saved));
+    if !saved.inner().is_empty() {
+        h.insert(SAVED_PROPERTIES.into(), AMQPValue::FieldTable(saved));
+    }
 }
 
 /// The properties a message has in its first bucket: the sender's, with the
@@ -137,7 +148,9 @@ pub fn enter_transit(p: &BasicProperties, transit: &Transit) -> BasicProperties 
             saved.insert(k.into(), v);
         }
     }
-    h.insert(SAVED_HEADERS.into(), AMQPValue::FieldTable(saved));
+    if !saved.inner().is_empty() {
+        h.insert(SAVED_HEADERS.into(), AMQPValue::FieldTable(saved));
+    }
     save_properties(p, &mut h);
     put_transit(&mut h, transit);
     rebuild(p, Some(h), None, Some(PERSISTENT))
@@ -204,8 +217,9 @@ pub fn leave_transit(p: &BasicProperties) -> BasicProperties {
             let (expiration, delivery_mode, had_headers) = saved_values(saved);
             rebuild(p, had_headers.then_some(h), expiration, delivery_mode)
         }
-        // Not a transit message: keep what it has.
-        _ => rebuild(p, Some(h), p.expiration().clone(), *p.delivery_mode()),
+        // Nothing was saved: the sender's message was persistent, without
+        // expiration, with headers — as it is in the bucket.
+        _ => rebuild(p, Some(h), None, Some(PERSISTENT)),
     }
 }
 
@@ -218,7 +232,8 @@ fn saved_values(saved: &FieldTable) -> (Option<ShortString>, Option<u8>, bool) {
     };
     let delivery_mode = match saved.inner().get(SAVED_DELIVERY_MODE) {
         Some(AMQPValue::ShortShortUInt(m)) => Some(*m),
-        _ => None,
+        _ if saved.inner().contains_key(SAVED_NO_DELIVERY_MODE) => None,
+        _ => Some(PERSISTENT),
     };
     let had_headers = !matches!(
         saved.inner().get(SAVED_NO_HEADERS),
@@ -350,6 +365,28 @@ mod tests {
         p = broker_dead_letters(&p);
         assert_eq!(read_transit(&p).unwrap().hops, 2);
         assert_eq!(leave_transit(&p), original);
+    }
+
+    #[test]
+    fn every_combination_of_saved_properties_round_trips() {
+        for mode in [None, Some(1), Some(2)] {
+            for expiration in [None, Some("5000")] {
+                for headers in [None, Some(FieldTable::default())] {
+                    let mut p = BasicProperties::default().with_app_id("a".into());
+                    if let Some(m) = mode {
+                        p = p.with_delivery_mode(m);
+                    }
+                    if let Some(e) = expiration {
+                        p = p.with_expiration(e.into());
+                    }
+                    if let Some(h) = headers.clone() {
+                        p = p.with_headers(h);
+                    }
+                    let back = leave_transit(&broker_dead_letters(&enter_transit(&p, &transit())));
+                    assert_eq!(back, p, "{mode:?} {expiration:?} {headers:?}");
+                }
+            }
+        }
     }
 
     #[test]

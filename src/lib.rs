@@ -18,6 +18,7 @@
 //! The shell (talks to RabbitMQ; every await has a timeout):
 //! - [`broker`]: connecting, declaring, queue depths.
 //! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
+//! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
 //! - [`status`]: the `status` report.
 //! - [`shutdown`], [`cli`]: signals and the command line.
 
@@ -31,6 +32,7 @@ pub mod ladder;
 pub mod park;
 pub mod placement;
 pub mod router;
+pub mod settle;
 pub mod shutdown;
 pub mod status;
 pub mod topology;

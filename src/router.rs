@@ -7,12 +7,13 @@ use crate::config::Config;
 use crate::contract::Destination;
 use crate::decision::{Action, Plan};
 use crate::park::{ParkReason, exchange_label};
+use crate::settle;
 use crate::topology::Names;
 use dashmap::DashMap;
 use futures_util::StreamExt;
 use lapin::Confirmation;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
 use lapin::types::{FieldTable, ShortString};
@@ -157,15 +158,32 @@ impl Fault {
     }
 }
 
-/// One connection's life: declare, run both pipelines, settle on stop.
+/// One session's life: connect, declare, run both pipelines, settle on stop.
+/// Consuming and publishing use separate connections, as RabbitMQ's shovel
+/// does: the broker then parses each on its own process and core.
 async fn session(
     config: &Config,
     plan: &Arc<Plan>,
     stop: &CancellationToken,
 ) -> Result<(), SessionError> {
-    let conn = broker::connect(&config.url, "delay-router").await?;
+    let conn = broker::connect(&config.url, "delay-router consume").await?;
+    let publish_conn = match broker::connect(&config.url, "delay-router publish").await {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            let _ = timed(
+                "connection.close",
+                RPC_TIMEOUT,
+                conn.close(200, "bye".into()),
+            )
+            .await;
+            return Err(e.into());
+        }
+    };
     info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
-    broker::declare(&conn, &plan.names, &plan.ladder).await?;
+    if let Err(e) = broker::declare(&conn, &plan.names, &plan.ladder).await {
+        close_both(&conn, &publish_conn).await;
+        return Err(e.into());
+    }
     info!(buckets = plan.ladder.rungs().len(), "topology declared");
     let conn = Arc::new(conn);
     let fault = Fault::default();
@@ -176,6 +194,7 @@ async fn session(
             source,
             plan: plan.clone(),
             conn: conn.clone(),
+            publish_conn: publish_conn.clone(),
             exchanges: exchanges.clone(),
             fault: fault.clone(),
             prefetch: config.prefetch,
@@ -207,22 +226,29 @@ async fn session(
     if result.is_ok() && fault.token.is_cancelled() {
         result = Err(SessionError::Transient(fault.message()));
     }
-    let _ = timed(
-        "connection.close",
-        RPC_TIMEOUT,
-        conn.close(200, "delay-router stopping".into()),
-    )
-    .await;
+    close_both(&conn, &publish_conn).await;
     if result.is_ok() {
         info!("stopped cleanly");
     }
     result
 }
 
+async fn close_both(a: &Connection, b: &Connection) {
+    for conn in [a, b] {
+        let _ = timed(
+            "connection.close",
+            RPC_TIMEOUT,
+            conn.close(200, "delay-router stopping".into()),
+        )
+        .await;
+    }
+}
+
 struct Pipeline {
     source: Source,
     plan: Arc<Plan>,
     conn: Arc<Connection>,
+    publish_conn: Arc<Connection>,
     exchanges: Arc<DashMap<ShortString, Instant>>,
     fault: Fault,
     prefetch: u16,
@@ -230,7 +256,7 @@ struct Pipeline {
 
 /// How a source delivery ends once its replacement publish is settled.
 struct Pending {
-    acker: lapin::Acker,
+    tag: u64,
     data: Vec<u8>,
     action: Action,
 }
@@ -251,7 +277,7 @@ impl Pipeline {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let publish_ch = broker::channel(&self.conn)
+        let publish_ch = broker::channel(&self.publish_conn)
             .await
             .map_err(|e| e.to_string())?;
         timed(
@@ -276,13 +302,25 @@ impl Pipeline {
         .map_err(|e| e.to_string())?;
         info!(queue = %queue, prefetch = self.prefetch, "consuming");
         let tracker = TaskTracker::new();
+        let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
+        let acks = {
+            let (ch, fault) = (consume_ch.clone(), self.fault.clone());
+            tokio::spawn(
+                async move {
+                    if let Err(e) = settle::run(ch, settled).await {
+                        fault.raise(format!("acking source deliveries failed: {e}"));
+                    }
+                }
+                .in_current_span(),
+            )
+        };
         let outcome = loop {
             tokio::select! {
                 () = stop.cancelled() => break Ok(()),
                 () = self.fault.token.cancelled() => break Err(self.fault.message()),
                 next = consumer.next() => match next {
                     Some(Ok(delivery)) => {
-                        if let Err(e) = self.handle(delivery, &publish_ch, &tracker).await {
+                        if let Err(e) = self.handle(delivery, &publish_ch, &tracker, &settler).await {
                             self.fault.raise(e.clone());
                             break Err(e);
                         }
@@ -307,6 +345,10 @@ impl Pipeline {
         {
             warn!("in-flight messages not settled in time; the broker will redeliver them");
         }
+        drop(settler);
+        if tokio::time::timeout(RPC_TIMEOUT, acks).await.is_err() {
+            warn!("final acks not sent in time; the broker will redeliver those messages");
+        }
         // Unsettled deliveries return to their queue when the channel closes.
         let _ = timed(
             "channel.close",
@@ -328,6 +370,7 @@ impl Pipeline {
         delivery: lapin::message::Delivery,
         publish_ch: &Channel,
         tracker: &TaskTracker,
+        settler: &settle::Settler,
     ) -> Result<(), String> {
         let now = now_ms();
         let mut action = match self.source {
@@ -349,19 +392,26 @@ impl Pipeline {
                 .on_delivery_failed(properties, destination, reason, now);
         }
         log_action(&action);
-        let confirm = publish(publish_ch, &self.plan.names, &action, &delivery.data).await?;
+        let _ = settler.send(settle::Event::Delivered(delivery.delivery_tag));
         let pending = Pending {
-            acker: delivery.acker,
+            tag: delivery.delivery_tag,
             data: delivery.data,
             action,
         };
+        // Publish, confirm and ack run concurrently (bounded by the prefetch
+        // window): awaiting each publish here would cost a round trip to
+        // lapin's IO thread per message.
         let (plan, ch, fault) = (self.plan.clone(), publish_ch.clone(), self.fault.clone());
-        tracker.spawn(async move {
-            if let Err(e) = settle(&plan, &ch, confirm, pending).await {
-                error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
-                fault.raise(e);
+        let settler = settler.clone();
+        tracker.spawn(
+            async move {
+                if let Err(e) = forward(&plan, &ch, pending, &settler).await {
+                    error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
+                    fault.raise(e);
+                }
             }
-        }.in_current_span());
+            .in_current_span(),
+        );
         Ok(())
     }
 
@@ -374,7 +424,7 @@ impl Pipeline {
         {
             return Ok(true);
         }
-        let exists = broker::exchange_exists(&self.conn, exchange)
+        let exists = broker::exchange_exists(&self.publish_conn, exchange)
             .await
             .map_err(|e| e.to_string())?;
         if exists {
@@ -437,15 +487,16 @@ async fn publish(
     .map_err(|e| e.to_string())
 }
 
-/// Waits for the confirm of an action's publish and settles the source delivery:
-/// acked when the replacement is safely routed; a delivery the destination
-/// cannot take is parked first; anything else is a fault.
-async fn settle(
+/// Publishes an action's message, waits for its confirm and settles the source
+/// delivery: acked when the replacement is safely routed; a delivery the
+/// destination cannot take is parked first; anything else is a fault.
+async fn forward(
     plan: &Plan,
     ch: &Channel,
-    confirm: Confirm,
     pending: Pending,
+    settler: &settle::Settler,
 ) -> Result<(), String> {
+    let confirm = publish(ch, &plan.names, &pending.action, &pending.data).await?;
     let confirmation = wait_confirm(confirm).await?;
     let failure = match (&pending.action, confirmation) {
         (_, Confirmation::Ack(None)) => None,
@@ -476,14 +527,9 @@ async fn settle(
     if let Some((destination, reason)) = failure {
         park_after_delivery(plan, ch, &pending, destination, reason).await?;
     }
-    timed(
-        "basic.ack",
-        RPC_TIMEOUT,
-        pending.acker.ack(BasicAckOptions::default()),
-    )
-    .await
-    .map(drop)
-    .map_err(|e| e.to_string())
+    settler
+        .send(settle::Event::Settled(pending.tag))
+        .map_err(|_| "settler stopped".to_owned())
 }
 
 async fn park_after_delivery(
