@@ -4,6 +4,7 @@
 use crate::ladder::{Ladder, LadderError, parse_rung};
 use crate::placement::Strategy;
 use crate::topology::MAX_PREFIX_LEN;
+use crate::window::parse_bytes;
 use lapin::uri::AMQPUri;
 use serde::Deserialize;
 use std::{fmt, path::Path, str::FromStr};
@@ -13,7 +14,9 @@ pub const ENV_PREFIX: &str = "DELAY_ROUTER";
 /// The URL used when neither the file nor the environment names one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default deliveries in flight per consumer.
-pub const DEFAULT_PREFETCH: u16 = 1000;
+pub const DEFAULT_PREFETCH: u16 = 5000;
+/// Default bytes in flight per consumer: the window shrinks for large messages.
+pub const DEFAULT_INFLIGHT_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +36,7 @@ struct RawSettings {
 struct RawAmqp {
     url: Option<String>,
     prefetch: Option<String>,
+    inflight_bytes: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -131,6 +135,7 @@ pub fn redact(raw: &str) -> String {
 pub struct Config {
     pub url: AmqpUrl,
     pub prefetch: u16,
+    pub inflight_bytes: u64,
     pub prefix: String,
     pub strategy: Strategy,
     pub ladder: Ladder,
@@ -208,6 +213,10 @@ impl Config {
                     )
                 })?,
         };
+        let inflight_bytes = match raw.amqp.inflight_bytes {
+            None => DEFAULT_INFLIGHT_BYTES,
+            Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
+        };
         let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
         if prefix.is_empty()
             || prefix.len() > MAX_PREFIX_LEN
@@ -237,6 +246,7 @@ impl Config {
         Ok(Self {
             url,
             prefetch,
+            inflight_bytes,
             prefix,
             strategy,
             ladder,
@@ -275,6 +285,7 @@ mod tests {
         );
         assert_eq!(c.prefix, "delay");
         assert_eq!(c.strategy, Strategy::RoundUp);
+        assert_eq!((c.prefetch, c.inflight_bytes), (5000, 64 << 20));
         assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
     }
 
@@ -306,6 +317,10 @@ mod tests {
         let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.starts_with("amqp.url = \"http://u:***@h\""), "{e}");
         assert!(!e.contains("secret"), "{e}");
+        let e = err("[amqp]\ninflight_bytes = \"lots\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("amqp.inflight_bytes = \"lots\""), "{e}");
+        let e = err("[amqp]\nprefetch = \"0\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
         let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.contains("stratgy"), "{e}");
     }

@@ -13,6 +13,7 @@
 //! - [`park`]: why a message was parked, in words.
 //! - [`decision`]: what to do with a message at ingress or when a bucket expires it.
 //! - [`topology`]: names and arguments of everything declared.
+//! - [`window`]: the prefetch window, sized to a byte budget from observed message sizes.
 //! - [`config`]: `buckets.toml` plus environment overrides, validated once.
 //!
 //! The shell (talks to RabbitMQ; every await has a timeout):
@@ -36,3 +37,4 @@ pub mod settle;
 pub mod shutdown;
 pub mod status;
 pub mod topology;
+pub mod window;

@@ -7,7 +7,9 @@ use tracing_subscriber::EnvFilter;
 /// (does this exchange exist?); the router logs the faults that matter itself.
 const DEFAULT_LOG: &str = "info,lapin::channel=off";
 
-#[tokio::main]
+// One thread: the router is I/O-bound and shares small machines with the
+// broker; lapin runs its own I/O thread beside it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -9,6 +9,7 @@ use crate::decision::{Action, Plan};
 use crate::park::{ParkReason, exchange_label};
 use crate::settle;
 use crate::topology::Names;
+use crate::window::Window;
 use dashmap::DashMap;
 use futures_util::StreamExt;
 use lapin::Confirmation;
@@ -198,6 +199,7 @@ async fn session(
             exchanges: exchanges.clone(),
             fault: fault.clone(),
             prefetch: config.prefetch,
+            inflight_bytes: config.inflight_bytes,
         };
         let stop = stop.clone();
         pipelines.push(tokio::spawn(
@@ -252,6 +254,7 @@ struct Pipeline {
     exchanges: Arc<DashMap<ShortString, Instant>>,
     fault: Fault,
     prefetch: u16,
+    inflight_bytes: u64,
 }
 
 /// How a source delivery ends once its replacement publish is settled.
@@ -302,6 +305,7 @@ impl Pipeline {
         .map_err(|e| e.to_string())?;
         info!(queue = %queue, prefetch = self.prefetch, "consuming");
         let tracker = TaskTracker::new();
+        let mut window = Window::new(self.prefetch, self.inflight_bytes);
         let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
         let acks = {
             let (ch, fault) = (consume_ch.clone(), self.fault.clone());
@@ -320,6 +324,12 @@ impl Pipeline {
                 () = self.fault.token.cancelled() => break Err(self.fault.message()),
                 next = consumer.next() => match next {
                     Some(Ok(delivery)) => {
+                        if let Some(count) = window.observe(delivery.data.len()) {
+                            info!(prefetch = count, mean_bytes = delivery.data.len(), "resizing the prefetch window to the byte budget");
+                            if let Err(e) = timed("basic.qos", RPC_TIMEOUT, consume_ch.basic_qos(count, BasicQosOptions::default())).await {
+                                break Err(e.to_string());
+                            }
+                        }
                         if let Err(e) = self.handle(delivery, &publish_ch, &tracker, &settler).await {
                             self.fault.raise(e.clone());
                             break Err(e);

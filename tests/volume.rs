@@ -60,3 +60,24 @@ async fn a_thousand_messages_arrive_exactly_once_and_never_early() {
     eprintln!("{N} messages in {:?}", t0.elapsed());
     h.cleanup().await;
 }
+
+#[tokio::test]
+async fn large_messages_shrink_the_window_and_all_arrive() {
+    let mut h = Harness::new(&["1s"], "[amqp]\ninflight_bytes = \"1MiB\"").await;
+    assert_eq!(h.config.inflight_bytes, 1 << 20);
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    let body: Vec<u8> = (0..(3 << 20)).map(|i| (i % 251) as u8).collect();
+    for i in 0..12 {
+        let props = to_queue(&q, AMQPValue::LongInt(100)).with_message_id(i.to_string().into());
+        h.publish("k", props, &body).await;
+    }
+    let got = h.receive(&q, 12, Duration::from_secs(60)).await;
+    let ids: BTreeSet<String> = got
+        .iter()
+        .map(|(_, d)| d.properties.message_id().as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 12);
+    assert!(got.iter().all(|(_, d)| d.data == body));
+    h.cleanup().await;
+}

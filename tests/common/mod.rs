@@ -25,10 +25,13 @@ pub fn random_prefix() -> String {
 }
 
 pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
-    let mut t = format!(
-        "[amqp]\nurl = \"{}\"\n[topology]\nprefix = \"{prefix}\"\n{extra}\n",
-        url()
-    );
+    // `extra` may open its own [amqp] table; the URL then comes from the default.
+    let amqp = if extra.contains("[amqp]") {
+        String::new()
+    } else {
+        format!("[amqp]\nurl = \"{}\"\n", url())
+    };
+    let mut t = format!("{amqp}[topology]\nprefix = \"{prefix}\"\n{extra}\n");
     for rung in ladder {
         t.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
     }
