@@ -13,7 +13,7 @@
 
 use delay_router::broker;
 use delay_router::config::Config;
-use delay_router::topology::Names;
+use delay_router::decision::Plan;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -141,15 +141,18 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let names = Names::new(&prefix);
-    broker::declare(conn, &names, &config.ladder).await.unwrap();
+    let plan = Plan::new(&config.ladder, config.strategy, &prefix, "guest");
+    let names = plan.names.clone();
+    broker::declare(conn, &names, &plan.bucket_queues())
+        .await
+        .unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
     prefill(&ch, names.router_exchange.as_str(), "bench", n).await;
     wait_depth(conn, names.ingress.as_str(), n as u32).await;
-    let bucket = names.bucket(config.ladder.top()).to_string();
+    let bucket = names.bucket(plan.strategy, plan.ladder.top()).to_string();
     // The shipped binary, in its own process, as users run it.
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
     std::fs::write(&path, &text).unwrap();
@@ -174,6 +177,7 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         names.ingress.to_string(),
         names.expired.to_string(),
         names.parked.to_string(),
+        names.state.to_string(),
     ];
     delete_queues(&ch, &queues).await;
     for e in [&names.router_exchange, &names.expired_exchange] {

@@ -2,7 +2,6 @@
 //! Every await that talks to RabbitMQ has a timeout from here.
 
 use crate::config::{AmqpUrl, redact_text};
-use crate::ladder::Ladder;
 use crate::topology::{self, Names};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
@@ -156,7 +155,11 @@ async fn bind(
 }
 
 /// Declares every exchange, queue and binding; idempotent.
-pub async fn declare(conn: &Connection, names: &Names, ladder: &Ladder) -> Result<(), BrokerError> {
+pub async fn declare(
+    conn: &Connection,
+    names: &Names,
+    buckets: &[(ShortString, FieldTable)],
+) -> Result<(), BrokerError> {
     let ch = channel(conn).await?;
     declare_exchange(&ch, &names.router_exchange, ExchangeKind::Fanout).await?;
     declare_exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout).await?;
@@ -165,8 +168,9 @@ pub async fn declare(conn: &Connection, names: &Names, ladder: &Ladder) -> Resul
     bind(&ch, &names.ingress, &names.router_exchange).await?;
     declare_queue(&ch, &names.expired, FieldTable::default()).await?;
     bind(&ch, &names.expired, &names.expired_exchange).await?;
-    for (queue, rung) in names.buckets(ladder) {
-        declare_queue(&ch, &queue, topology::bucket_arguments(names, rung)).await?;
+    declare_queue(&ch, &names.state, FieldTable::default()).await?;
+    for (queue, args) in buckets {
+        declare_queue(&ch, queue, args.clone()).await?;
     }
     let _ = timed(
         "channel.close",

@@ -46,8 +46,14 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Declare(arg) => {
             let config = load(&arg)?;
             let conn = broker::connect(&config.url, "delay-router declare").await?;
-            let names = crate::topology::Names::new(&config.prefix);
-            broker::declare(&conn, &names, &config.ladder).await?;
+            let plan = crate::decision::Plan::new(
+                &config.ladder,
+                config.strategy,
+                &config.prefix,
+                config.url.username(),
+            );
+            let names = &plan.names;
+            broker::declare(&conn, names, &plan.bucket_queues()).await?;
             let _ = broker::timed(
                 "connection.close",
                 broker::RPC_TIMEOUT,
@@ -56,7 +62,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             .await;
             println!(
                 "declared {} buckets, {}, {}, {} and {} on {}",
-                config.ladder.rungs().len(),
+                plan.ladder.rungs().len(),
                 names.router_exchange,
                 names.ingress,
                 names.expired,

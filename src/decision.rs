@@ -2,10 +2,10 @@
 //! expiring from a bucket. Pure functions of the message, the plan and the clock.
 
 use crate::contract::{self, Destination, REQUESTED_DELAY};
-use crate::envelope::{self, Transit};
+use crate::envelope::{self, Overrides, Transit};
 use crate::ladder::Ladder;
 use crate::park::ParkReason;
-use crate::placement::{self, Strategy};
+use crate::placement::{self, Placement, Strategy};
 use crate::topology::Names;
 use lapin::BasicProperties;
 use lapin::types::{FieldTable, ShortString};
@@ -14,6 +14,7 @@ use std::time::Duration;
 /// Everything a decision depends on besides the message and the clock.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The strategy's effective ladder (cascade adds finer rungs).
     pub ladder: Ladder,
     pub strategy: Strategy,
     pub names: Names,
@@ -30,10 +31,12 @@ pub enum Action {
         ttl: Duration,
         properties: BasicProperties,
     },
-    /// Publish to the destination, `mandatory`, with the sender's properties.
+    /// Publish to the destination, `mandatory`, with the sender's properties,
+    /// after holding it `after` (cascade's last fraction; zero otherwise).
     Deliver {
         destination: Destination,
         properties: BasicProperties,
+        after: Duration,
     },
     /// Publish to the parking queue.
     Park {
@@ -43,6 +46,29 @@ pub enum Action {
 }
 
 impl Plan {
+    /// The plan for a configured ladder and strategy.
+    pub fn new(ladder: &Ladder, strategy: Strategy, prefix: &str, router_user: &str) -> Self {
+        Self {
+            ladder: placement::effective_ladder(strategy, ladder),
+            strategy,
+            names: Names::new(prefix),
+            router_user: router_user.to_owned(),
+        }
+    }
+
+    /// The bucket queues this plan uses, with their declare arguments.
+    pub fn bucket_queues(&self) -> Vec<(ShortString, FieldTable)> {
+        self.names
+            .buckets(self.strategy, &self.ladder)
+            .map(|(q, rung)| {
+                (
+                    q,
+                    crate::topology::bucket_arguments(&self.names, self.strategy, rung),
+                )
+            })
+            .collect()
+    }
+
     /// A message published to the router exchange.
     pub fn on_ingress(
         &self,
@@ -106,29 +132,37 @@ impl Plan {
         let remaining = Duration::from_millis(
             u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
         );
+        let deliver = |after| Action::Deliver {
+            properties: if entering {
+                p.clone()
+            } else {
+                envelope::leave_transit(p)
+            },
+            destination: transit.destination.clone(),
+            after,
+        };
         match placement::place(self.strategy, &self.ladder, remaining) {
-            Some(placement) => {
+            None => deliver(Duration::ZERO),
+            Some(Placement::Hold(after)) => deliver(after),
+            Some(Placement::Bucket {
+                rung,
+                expiration,
+                priority,
+            }) => {
                 transit.hops += 1;
-                let rung = &self.ladder.rungs()[placement.rung];
+                let rung = &self.ladder.rungs()[rung];
+                let o = Overrides {
+                    expiration,
+                    priority,
+                };
                 let properties = if entering {
-                    envelope::enter_transit(p, &transit)
+                    envelope::enter_transit(p, &transit, o)
                 } else {
-                    envelope::next_hop(p, &transit)
+                    envelope::next_hop(p, &transit, o)
                 };
                 Action::Wait {
-                    queue: self.names.bucket(rung),
+                    queue: self.names.bucket(self.strategy, rung),
                     ttl: rung.ttl,
-                    properties,
-                }
-            }
-            None => {
-                let properties = if entering {
-                    p.clone()
-                } else {
-                    envelope::leave_transit(p)
-                };
-                Action::Deliver {
-                    destination: transit.destination,
                     properties,
                 }
             }
@@ -173,12 +207,16 @@ mod tests {
     use lapin::types::AMQPValue;
 
     fn plan() -> Plan {
-        Plan {
-            ladder: Ladder::from_labels(&["1s", "2s", "5s"]).unwrap(),
-            strategy: Strategy::RoundUp,
-            names: Names::new("t"),
-            router_user: "guest".into(),
-        }
+        plan_for(Strategy::RoundUp)
+    }
+
+    fn plan_for(strategy: Strategy) -> Plan {
+        Plan::new(
+            &Ladder::from_labels(&["1s", "2s", "5s"]).unwrap(),
+            strategy,
+            "t",
+            "guest",
+        )
     }
 
     fn props(pairs: &[(&str, AMQPValue)]) -> BasicProperties {
@@ -248,10 +286,12 @@ mod tests {
         let Action::Deliver {
             destination,
             properties,
+            after,
         } = plan.on_expired(&properties, NOW + 7_000)
         else {
             panic!()
         };
+        assert_eq!(after, Duration::ZERO);
         assert_eq!(destination.routing_key.as_str(), "jobs");
         assert_eq!(properties, p);
     }
@@ -265,6 +305,81 @@ mod tests {
         assert!(
             matches!(plan().on_ingress(&"eu".into(), &p, NOW), Action::Deliver { properties, .. } if properties == p)
         );
+    }
+
+    #[test]
+    fn cascade_goes_down_the_ladder_and_holds_the_last_fraction() {
+        let plan = plan_for(Strategy::Cascade);
+        let p = props(&[
+            ("x-requested-delay", AMQPValue::LongInt(3_400)),
+            (ORIGINAL_EXCHANGE, s("o")),
+        ]);
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_ingress(&"k".into(), &p, NOW)
+        else {
+            panic!()
+        };
+        assert_eq!(queue.as_str(), "t.bucket.2s");
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_expired(&properties, NOW + 2_003)
+        else {
+            panic!()
+        };
+        assert_eq!(queue.as_str(), "t.bucket.1s");
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_expired(&properties, NOW + 3_010)
+        else {
+            panic!()
+        };
+        assert_eq!(queue.as_str(), "t.bucket.250ms");
+        let Action::Deliver {
+            after, properties, ..
+        } = plan.on_expired(&properties, NOW + 3_262)
+        else {
+            panic!()
+        };
+        assert_eq!(after, Duration::from_millis(138));
+        assert_eq!(properties, p);
+        // Finer rungs below 1s: 500ms, 250ms.
+        let Action::Wait { queue, .. } = plan.on_ingress(
+            &"k".into(),
+            &props(&[
+                ("x-requested-delay", AMQPValue::LongInt(700)),
+                (ORIGINAL_EXCHANGE, s("o")),
+            ]),
+            NOW,
+        ) else {
+            panic!()
+        };
+        assert_eq!(queue.as_str(), "t.bucket.500ms");
+    }
+
+    #[test]
+    fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
+        let plan = plan_for(Strategy::Priority);
+        let p = props(&[
+            ("x-requested-delay", AMQPValue::LongInt(1_200)),
+            (ORIGINAL_EXCHANGE, s("o")),
+        ])
+        .with_priority(1);
+        let Action::Wait {
+            queue, properties, ..
+        } = plan.on_ingress(&"k".into(), &p, NOW)
+        else {
+            panic!()
+        };
+        assert_eq!(queue.as_str(), "t.pbucket.2s");
+        assert_eq!(properties.expiration().as_ref().unwrap().as_str(), "1200");
+        assert_eq!(*properties.priority(), Some(7));
+        let Action::Deliver { properties, .. } =
+            plan.on_expired(&properties.with_expiration("0".into()), NOW + 1_200)
+        else {
+            panic!()
+        };
+        assert_eq!(properties.priority(), &Some(1));
     }
 
     fn park_reason(p: &BasicProperties) -> ParkReason {

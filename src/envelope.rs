@@ -23,6 +23,8 @@ const SAVED_EXPIRATION: &str = "expiration";
 const SAVED_DELIVERY_MODE: &str = "delivery-mode";
 const SAVED_NO_HEADERS: &str = "no-headers";
 const SAVED_NO_DELIVERY_MODE: &str = "no-delivery-mode";
+const SAVED_PRIORITY: &str = "priority";
+const SAVED_NO_PRIORITY: &str = "no-priority";
 
 /// What the router knows about a message waiting in a bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +54,7 @@ fn rebuild(
     headers: Option<Headers>,
     expiration: Option<ShortString>,
     delivery_mode: Option<u8>,
+    priority: Option<u8>,
 ) -> BasicProperties {
     let mut out = BasicProperties::default();
     macro_rules! copy {
@@ -63,7 +66,6 @@ fn rebuild(
     }
     copy!(content_type, with_content_type);
     copy!(content_encoding, with_content_encoding);
-    copy!(priority, with_priority);
     copy!(correlation_id, with_correlation_id);
     copy!(reply_to, with_reply_to);
     copy!(message_id, with_message_id);
@@ -81,7 +83,26 @@ fn rebuild(
     if let Some(m) = delivery_mode {
         out = out.with_delivery_mode(m);
     }
+    if let Some(p) = priority {
+        out = out.with_priority(p);
+    }
     out
+}
+
+/// What a placement strategy sets on a message in a bucket besides the transit headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Per-message TTL.
+    pub expiration: Option<std::time::Duration>,
+    /// Message priority in a priority bucket.
+    pub priority: Option<u8>,
+}
+
+impl Overrides {
+    fn expiration(&self) -> Option<ShortString> {
+        self.expiration
+            .map(|d| ShortString::from(d.as_millis().max(1).to_string()))
+    }
 }
 
 fn put_transit(h: &mut Headers, t: &Transit) {
@@ -110,8 +131,14 @@ fn remove_death(h: &mut Headers) {
 /// so the message is persistent and never expires on its own while stored.
 /// Nothing is written when nothing differs (no expiration, persistent, has
 /// headers): the common case costs the broker no extra header bytes.
-fn save_properties(p: &BasicProperties, h: &mut Headers) {
+fn save_properties(p: &BasicProperties, h: &mut Headers, overrides_priority: bool) {
     let mut saved = FieldTable::default();
+    if overrides_priority {
+        match *p.priority() {
+            Some(v) => saved.insert(SAVED_PRIORITY.into(), AMQPValue::ShortShortUInt(v)),
+            None => saved.insert(SAVED_NO_PRIORITY.into(), AMQPValue::Boolean(true)),
+        };
+    }
     if let Some(e) = p.expiration() {
         saved.insert(
             SAVED_EXPIRATION.into(),
@@ -137,7 +164,7 @@ fn save_properties(p: &BasicProperties, h: &mut Headers) {
 
 /// The properties a message has in its first bucket: the sender's, with the
 /// transit headers added, death headers and expiration set aside, persistent.
-pub fn enter_transit(p: &BasicProperties, transit: &Transit) -> BasicProperties {
+pub fn enter_transit(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicProperties {
     let mut h = headers_of(p);
     for k in TRANSIT_HEADERS {
         h.remove(k);
@@ -151,9 +178,15 @@ pub fn enter_transit(p: &BasicProperties, transit: &Transit) -> BasicProperties 
     if !saved.inner().is_empty() {
         h.insert(SAVED_HEADERS.into(), AMQPValue::FieldTable(saved));
     }
-    save_properties(p, &mut h);
+    save_properties(p, &mut h, o.priority.is_some());
     put_transit(&mut h, transit);
-    rebuild(p, Some(h), None, Some(PERSISTENT))
+    rebuild(
+        p,
+        Some(h),
+        o.expiration(),
+        Some(PERSISTENT),
+        o.priority.or(*p.priority()),
+    )
 }
 
 /// Why the transit headers of an expired message cannot be read.
@@ -190,11 +223,34 @@ pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
 
 /// The properties for another bucket placement: the broker's death headers
 /// from the last bucket dropped, the transit headers updated.
-pub fn next_hop(p: &BasicProperties, transit: &Transit) -> BasicProperties {
+/// A message that entered transit under one strategy may be placed by another
+/// (after a strategy switch); a priority it did not have saved is then saved
+/// as absent-or-current, which is what the sender set.
+pub fn next_hop(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicProperties {
     let mut h = headers_of(p);
     remove_death(&mut h);
     put_transit(&mut h, transit);
-    rebuild(p, Some(h), None, Some(PERSISTENT))
+    if o.priority.is_some() {
+        let saved = match h.get(SAVED_PROPERTIES) {
+            Some(AMQPValue::FieldTable(t)) => t.clone(),
+            _ => FieldTable::default(),
+        };
+        if !saved.contains_key(SAVED_PRIORITY) && !saved.contains_key(SAVED_NO_PRIORITY) {
+            let mut saved = saved;
+            match *p.priority() {
+                Some(v) => saved.insert(SAVED_PRIORITY.into(), AMQPValue::ShortShortUInt(v)),
+                None => saved.insert(SAVED_NO_PRIORITY.into(), AMQPValue::Boolean(true)),
+            };
+            h.insert(SAVED_PROPERTIES.into(), AMQPValue::FieldTable(saved));
+        }
+    }
+    rebuild(
+        p,
+        Some(h),
+        o.expiration(),
+        Some(PERSISTENT),
+        o.priority.or(*p.priority()),
+    )
 }
 
 /// The sender's properties, restored exactly: transit and bucket death headers
@@ -215,11 +271,22 @@ pub fn leave_transit(p: &BasicProperties) -> BasicProperties {
     match &saved_props {
         Some(AMQPValue::FieldTable(saved)) => {
             let (expiration, delivery_mode, had_headers) = saved_values(saved);
-            rebuild(p, had_headers.then_some(h), expiration, delivery_mode)
+            let priority = match saved.inner().get(SAVED_PRIORITY) {
+                Some(AMQPValue::ShortShortUInt(v)) => Some(*v),
+                _ if saved.contains_key(SAVED_NO_PRIORITY) => None,
+                _ => *p.priority(),
+            };
+            rebuild(
+                p,
+                had_headers.then_some(h),
+                expiration,
+                delivery_mode,
+                priority,
+            )
         }
         // Nothing was saved: the sender's message was persistent, without
         // expiration, with headers — as it is in the bucket.
-        _ => rebuild(p, Some(h), None, Some(PERSISTENT)),
+        _ => rebuild(p, Some(h), None, Some(PERSISTENT), *p.priority()),
     }
 }
 
@@ -268,9 +335,9 @@ pub fn park(
         );
     }
     if p.expiration().is_some() || *p.delivery_mode() != Some(PERSISTENT) {
-        save_properties(p, &mut h);
+        save_properties(p, &mut h, false);
     }
-    rebuild(p, Some(h), None, Some(PERSISTENT))
+    rebuild(p, Some(h), None, Some(PERSISTENT), *p.priority())
 }
 
 #[cfg(test)]
@@ -337,12 +404,12 @@ mod tests {
             "x-first-death-queue".into(),
             AMQPValue::LongString("delay.bucket.1s".into()),
         );
-        rebuild(p, Some(h), None, *p.delivery_mode())
+        rebuild(p, Some(h), None, *p.delivery_mode(), *p.priority())
     }
 
     #[test]
     fn in_transit_a_message_is_persistent_without_expiration_and_carries_its_route() {
-        let p = enter_transit(&sender_props(), &transit());
+        let p = enter_transit(&sender_props(), &transit(), Overrides::default());
         assert_eq!(*p.delivery_mode(), Some(PERSISTENT));
         assert_eq!(*p.expiration(), None);
         assert_eq!(read_transit(&p), Ok(transit()));
@@ -353,7 +420,7 @@ mod tests {
     #[test]
     fn leaving_transit_restores_every_sender_property_exactly() {
         let original = sender_props();
-        let mut p = enter_transit(&original, &transit());
+        let mut p = enter_transit(&original, &transit(), Overrides::default());
         p = broker_dead_letters(&p);
         p = next_hop(
             &p,
@@ -361,6 +428,7 @@ mod tests {
                 hops: 2,
                 ..transit()
             },
+            Overrides::default(),
         );
         p = broker_dead_letters(&p);
         assert_eq!(read_transit(&p).unwrap().hops, 2);
@@ -382,7 +450,11 @@ mod tests {
                     if let Some(h) = headers.clone() {
                         p = p.with_headers(h);
                     }
-                    let back = leave_transit(&broker_dead_letters(&enter_transit(&p, &transit())));
+                    let back = leave_transit(&broker_dead_letters(&enter_transit(
+                        &p,
+                        &transit(),
+                        Overrides::default(),
+                    )));
                     assert_eq!(back, p, "{mode:?} {expiration:?} {headers:?}");
                 }
             }
@@ -390,12 +462,43 @@ mod tests {
     }
 
     #[test]
+    fn strategy_overrides_are_undone_on_delivery() {
+        let o = Overrides {
+            expiration: Some(std::time::Duration::from_millis(1500)),
+            priority: Some(9),
+        };
+        for original in [
+            sender_props(),
+            BasicProperties::default().with_headers(FieldTable::default()),
+        ] {
+            let p = enter_transit(&original, &transit(), o);
+            assert_eq!(p.expiration().as_ref().map(|e| e.as_str()), Some("1500"));
+            assert_eq!(*p.priority(), Some(9));
+            let p = next_hop(
+                &broker_dead_letters(&p),
+                &transit(),
+                Overrides {
+                    priority: Some(4),
+                    ..o
+                },
+            );
+            assert_eq!(*p.priority(), Some(4));
+            assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+        }
+        // Entered under round-up, placed again under priority after a switch.
+        let original = BasicProperties::default().with_headers(FieldTable::default());
+        let p = enter_transit(&original, &transit(), Overrides::default());
+        let p = next_hop(&broker_dead_letters(&p), &transit(), o);
+        assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+    }
+
+    #[test]
     fn a_sender_without_headers_gets_none_back() {
         let original = BasicProperties::default().with_message_id("m".into());
-        let p = broker_dead_letters(&enter_transit(&original, &transit()));
+        let p = broker_dead_letters(&enter_transit(&original, &transit(), Overrides::default()));
         assert_eq!(leave_transit(&p), original);
         let empty = BasicProperties::default().with_headers(FieldTable::default());
-        let p = broker_dead_letters(&enter_transit(&empty, &transit()));
+        let p = broker_dead_letters(&enter_transit(&empty, &transit(), Overrides::default()));
         assert_eq!(leave_transit(&p), empty);
     }
 
@@ -407,7 +510,11 @@ mod tests {
             AMQPValue::LongString("evil".into()),
         );
         h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(0));
-        let p = enter_transit(&BasicProperties::default().with_headers(h), &transit());
+        let p = enter_transit(
+            &BasicProperties::default().with_headers(h),
+            &transit(),
+            Overrides::default(),
+        );
         assert_eq!(read_transit(&p), Ok(transit()));
     }
 

@@ -19,6 +19,7 @@
 //! The shell (talks to RabbitMQ; every await has a timeout):
 //! - [`broker`]: connecting, declaring, queue depths.
 //! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
+//! - [`janitor`]: drains and removes buckets no longer in the ladder.
 //! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
 //! - [`status`]: the `status` report.
 //! - [`shutdown`], [`cli`]: signals and the command line.
@@ -29,6 +30,7 @@ pub mod config;
 pub mod contract;
 pub mod decision;
 pub mod envelope;
+pub mod janitor;
 pub mod ladder;
 pub mod park;
 pub mod placement;

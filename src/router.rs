@@ -6,7 +6,9 @@ use crate::broker::{self, BrokerError, CONFIRM_TIMEOUT, RPC_TIMEOUT, timed};
 use crate::config::Config;
 use crate::contract::Destination;
 use crate::decision::{Action, Plan};
+use crate::janitor;
 use crate::park::{ParkReason, exchange_label};
+use crate::placement::Strategy;
 use crate::settle;
 use crate::topology::Names;
 use crate::window::Window;
@@ -35,6 +37,14 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
 /// A session that lived this long resets the reconnect backoff.
 pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// Said at start when the priority strategy is configured: the router cannot
+/// read the broker's version (lapin does not expose it), so it says what each
+/// version gives.
+pub const PRIORITY_WARNING: &str = "strategy \"priority\": on RabbitMQ before 4.3 a priority queue \
+expires only at the head of its highest non-empty priority level, so a message can wait past its own \
+TTL behind longer ones of higher priority (measured on 3.10: up to the bucket's TTL); quorum queues \
+refuse x-max-priority before 4.0. Use \"cascade\" for exact delays (see README, Precision)";
 
 /// Why the router stopped for good.
 #[derive(Debug, thiserror::Error)]
@@ -70,12 +80,15 @@ pub fn now_ms() -> i64 {
 
 /// Runs the router until `shutdown` completes, reconnecting after broker faults.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RouterError> {
-    let plan = Arc::new(Plan {
-        ladder: config.ladder.clone(),
-        strategy: config.strategy,
-        names: Names::new(&config.prefix),
-        router_user: config.url.username().to_owned(),
-    });
+    let plan = Arc::new(Plan::new(
+        &config.ladder,
+        config.strategy,
+        &config.prefix,
+        config.url.username(),
+    ));
+    if plan.strategy == Strategy::Priority {
+        warn!("{PRIORITY_WARNING}");
+    }
     let stop = CancellationToken::new();
     let supervisor = supervise(config, plan, stop.clone());
     tokio::pin!(supervisor);
@@ -181,15 +194,41 @@ async fn session(
         }
     };
     info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
-    if let Err(e) = broker::declare(&conn, &plan.names, &plan.ladder).await {
-        close_both(&conn, &publish_conn).await;
-        return Err(e.into());
-    }
+    let buckets = plan.bucket_queues();
+    let current: Vec<ShortString> = buckets.iter().map(|(q, _)| q.clone()).collect();
+    let declared = match broker::declare(&conn, &plan.names, &buckets).await {
+        Ok(()) => janitor::record(&conn, &plan.names, &current).await,
+        Err(e) => Err(e),
+    };
+    let stale = match declared {
+        Ok(stale) => stale,
+        Err(e) => {
+            close_both(&conn, &publish_conn).await;
+            return Err(e.into());
+        }
+    };
     info!(buckets = plan.ladder.rungs().len(), "topology declared");
     let conn = Arc::new(conn);
     let fault = Fault::default();
     let exchanges = Arc::new(DashMap::new());
     let mut pipelines = Vec::new();
+    let janitor = {
+        let (conn, plan, stop, fault) = (conn.clone(), plan.clone(), stop.clone(), fault.clone());
+        tokio::spawn(
+            async move {
+                let stop = stop.child_token();
+                let either = CancellationToken::new();
+                let sweep = janitor::sweep(&conn, &plan.names, &current, stale, either.clone());
+                tokio::pin!(sweep);
+                tokio::select! {
+                    r = &mut sweep => if let Err(e) = r { warn!(error = %e, "stale bucket sweep stopped; it resumes on the next start") },
+                    () = stop.cancelled() => either.cancel(),
+                    () = fault.token.cancelled() => either.cancel(),
+                }
+            }
+            .instrument(info_span!("janitor")),
+        )
+    };
     for source in [Source::Ingress, Source::Expired] {
         let p = Pipeline {
             source,
@@ -225,6 +264,7 @@ async fn session(
             }
         }
     }
+    let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
     if result.is_ok() && fault.token.is_cancelled() {
         result = Err(SessionError::Transient(fault.message()));
     }
@@ -393,6 +433,7 @@ impl Pipeline {
         if let Action::Deliver {
             destination,
             properties,
+            ..
         } = &action
             && !self.exchange_exists(&destination.exchange).await?
         {
@@ -477,6 +518,7 @@ async fn publish(
             Action::Deliver {
                 destination,
                 properties,
+                ..
             } => (
                 destination.exchange.clone(),
                 destination.routing_key.clone(),

@@ -2,7 +2,7 @@
 
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, timed};
 use crate::config::Config;
-use crate::topology::Names;
+use crate::decision::Plan;
 use lapin::types::ShortString;
 use std::fmt::Write;
 
@@ -18,9 +18,10 @@ pub struct QueueStatus {
 /// Reads the depth of every queue the configuration names.
 pub async fn collect(config: &Config) -> Result<Vec<QueueStatus>, BrokerError> {
     let conn = broker::connect(&config.url, "delay-router status").await?;
-    let names = Names::new(&config.prefix);
+    let plan = Plan::new(&config.ladder, config.strategy, &config.prefix, "");
+    let names = &plan.names;
     let mut queues: Vec<(String, ShortString)> = names
-        .buckets(&config.ladder)
+        .buckets(plan.strategy, &plan.ladder)
         .map(|(q, rung)| (format!("bucket {}", rung.label), q))
         .collect();
     queues.push(("ingress".into(), names.ingress.clone()));

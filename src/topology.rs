@@ -2,6 +2,7 @@
 //! Pure; `broker` does the declaring.
 
 use crate::ladder::{Ladder, Rung};
+use crate::placement::{PRIORITY_LEVELS, Strategy};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 /// Names derived from the configured prefix.
@@ -18,6 +19,9 @@ pub struct Names {
     pub expired: ShortString,
     /// `<prefix>.parked`: messages that cannot be placed or delivered.
     pub parked: ShortString,
+    /// `<prefix>.state`: one message listing the bucket queues this prefix has
+    /// declared, so buckets no longer in the ladder are drained and removed.
+    pub state: ShortString,
 }
 
 /// Longest prefix accepted, leaving room for `.bucket.<label>` within AMQP's 255 bytes.
@@ -34,26 +38,41 @@ impl Names {
             expired_exchange: n("expired"),
             expired: n("expired"),
             parked: n("parked"),
+            state: n("state"),
         }
     }
 
-    /// `<prefix>.bucket.<label>`.
-    pub fn bucket(&self, rung: &Rung) -> ShortString {
-        format!("{}.bucket.{}", self.prefix, rung.label).into()
+    /// `<prefix>.bucket.<label>`; priority buckets (other arguments) are `<prefix>.pbucket.<label>`.
+    pub fn bucket(&self, strategy: Strategy, rung: &Rung) -> ShortString {
+        let kind = match strategy {
+            Strategy::Priority => "pbucket",
+            Strategy::RoundUp | Strategy::Cascade => "bucket",
+        };
+        format!("{}.{kind}.{}", self.prefix, rung.label).into()
     }
 
     /// Every bucket queue of a ladder, with its rung.
     pub fn buckets<'a>(
         &'a self,
+        strategy: Strategy,
         ladder: &'a Ladder,
     ) -> impl Iterator<Item = (ShortString, &'a Rung)> + 'a {
-        ladder.rungs().iter().map(|r| (self.bucket(r), r))
+        ladder
+            .rungs()
+            .iter()
+            .map(move |r| (self.bucket(strategy, r), r))
     }
 }
 
 /// Arguments of a bucket queue: its TTL and the dead-letter exchange leading to the router.
-pub fn bucket_arguments(names: &Names, rung: &Rung) -> FieldTable {
+pub fn bucket_arguments(names: &Names, strategy: Strategy, rung: &Rung) -> FieldTable {
     let mut args = FieldTable::default();
+    if strategy == Strategy::Priority {
+        args.insert(
+            "x-max-priority".into(),
+            AMQPValue::LongLongInt(i64::from(PRIORITY_LEVELS - 1)),
+        );
+    }
     let ttl = u32::try_from(rung.ttl.as_millis()).unwrap_or(u32::MAX);
     args.insert(
         "x-message-ttl".into(),
@@ -78,4 +97,76 @@ pub fn ingress_arguments(names: &Names) -> FieldTable {
         AMQPValue::LongString(names.parked.as_str().into()),
     );
     args
+}
+
+/// Bucket queues recorded in the state message that the current ladder no
+/// longer has: they keep dead-lettering into the router until empty, and are
+/// then deleted.
+pub fn stale_buckets(recorded: &[String], current: &[ShortString]) -> Vec<String> {
+    let mut stale: Vec<String> = recorded
+        .iter()
+        .filter(|q| !current.iter().any(|c| c.as_str() == q.as_str()))
+        .cloned()
+        .collect();
+    stale.sort();
+    stale.dedup();
+    stale
+}
+
+/// The state message body: one bucket queue name a line.
+pub fn render_state(buckets: &[String]) -> Vec<u8> {
+    buckets.join("\n").into_bytes()
+}
+
+/// Parses a state message body; lines that are not names of this prefix's buckets are ignored.
+pub fn parse_state(prefix: &str, body: &[u8]) -> Vec<String> {
+    let bucket = format!("{prefix}.bucket.");
+    let pbucket = format!("{prefix}.pbucket.");
+    String::from_utf8_lossy(body)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(&bucket) || l.starts_with(&pbucket))
+        .filter(|l| ShortString::try_new(*l).is_ok())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removed_rungs_and_other_strategies_buckets_are_stale() {
+        let names = Names::new("p");
+        let ladder = Ladder::from_labels(&["1s", "2s"]).unwrap();
+        let current: Vec<_> = names
+            .buckets(Strategy::RoundUp, &ladder)
+            .map(|(q, _)| q)
+            .collect();
+        let recorded = parse_state(
+            "p",
+            b"p.bucket.1s\np.bucket.5s\np.pbucket.1s\nother.bucket.1s\njunk",
+        );
+        assert_eq!(
+            stale_buckets(&recorded, &current),
+            ["p.bucket.5s", "p.pbucket.1s"]
+        );
+        assert_eq!(parse_state("p", &render_state(&recorded)), recorded);
+    }
+
+    #[test]
+    fn priority_buckets_have_their_own_names_and_max_priority() {
+        let names = Names::new("p");
+        let rung = &Ladder::from_labels(&["1s"]).unwrap().rungs()[0].clone();
+        assert_eq!(
+            names.bucket(Strategy::Priority, rung).as_str(),
+            "p.pbucket.1s"
+        );
+        assert_eq!(
+            names.bucket(Strategy::Cascade, rung).as_str(),
+            "p.bucket.1s"
+        );
+        assert!(bucket_arguments(&names, Strategy::Priority, rung).contains_key("x-max-priority"));
+        assert!(!bucket_arguments(&names, Strategy::RoundUp, rung).contains_key("x-max-priority"));
+    }
 }

@@ -160,7 +160,10 @@ async fn bad_or_undeliverable_messages_are_parked_with_a_reason_and_never_delive
 #[tokio::test]
 async fn a_message_published_straight_into_a_bucket_is_parked_not_dropped() {
     let h = Harness::start(&["1s"]).await;
-    let bucket = h.names.bucket(h.config.ladder.smallest()).to_string();
+    let bucket = h
+        .names
+        .bucket(h.config.strategy, h.config.ladder.smallest())
+        .to_string();
     let c =
         h.ch.basic_publish(
             "".into(),

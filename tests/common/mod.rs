@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use delay_router::config::Config;
+use delay_router::decision::Plan;
+use delay_router::placement::Strategy;
 use delay_router::router::{self, RouterError};
 use delay_router::topology::Names;
 use futures_util::StreamExt;
@@ -71,13 +73,10 @@ impl Harness {
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
-        let mut queues: Vec<String> = config
-            .ladder
-            .rungs()
-            .iter()
-            .map(|r| names.bucket(r).to_string())
-            .collect();
-        queues.extend([&names.ingress, &names.expired, &names.parked].map(|q| q.to_string()));
+        let mut queues = every_bucket(&config);
+        queues.extend(
+            [&names.ingress, &names.expired, &names.parked, &names.state].map(|q| q.to_string()),
+        );
         let exchanges = vec![
             names.router_exchange.to_string(),
             names.expired_exchange.to_string(),
@@ -117,6 +116,16 @@ impl Harness {
             assert!(Instant::now() < deadline, "router did not start consuming");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Stops the router, switches to a new ladder and settings on the same
+    /// prefix, and starts it again.
+    pub async fn restart_with(&mut self, ladder: &[&str], extra: &str) {
+        self.stop_router().await.expect("router stopped cleanly");
+        self.config =
+            Config::from_toml(&config_toml(&self.prefix, ladder, extra)).expect("test config");
+        self.queues.extend(every_bucket(&self.config));
+        self.start_router().await;
     }
 
     /// Stops the router gracefully and returns its result.
@@ -320,6 +329,15 @@ impl Drop for Harness {
         })
         .join();
     }
+}
+
+/// Every bucket queue any strategy could declare for this ladder.
+fn every_bucket(config: &Config) -> Vec<String> {
+    [Strategy::RoundUp, Strategy::Cascade, Strategy::Priority]
+        .into_iter()
+        .flat_map(|s| Plan::new(&config.ladder, s, &config.prefix, "guest").bucket_queues())
+        .map(|(q, _)| q.to_string())
+        .collect()
 }
 
 pub fn headers(pairs: &[(&str, AMQPValue)]) -> FieldTable {
