@@ -21,6 +21,7 @@
 //! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
 //! - [`janitor`]: drains and removes buckets no longer in the ladder.
 //! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
+//! - [`stats`]: counters of placements, deliveries, holds and parks.
 //! - [`status`]: the `status` report.
 //! - [`shutdown`], [`cli`]: signals and the command line.
 
@@ -37,6 +38,7 @@ pub mod placement;
 pub mod router;
 pub mod settle;
 pub mod shutdown;
+pub mod stats;
 pub mod status;
 pub mod topology;
 pub mod window;

@@ -10,6 +10,7 @@ use crate::janitor;
 use crate::park::{ParkReason, exchange_label};
 use crate::placement::Strategy;
 use crate::settle;
+use crate::stats::{self, Stats};
 use crate::topology::Names;
 use crate::window::Window;
 use dashmap::DashMap;
@@ -80,6 +81,15 @@ pub fn now_ms() -> i64 {
 
 /// Runs the router until `shutdown` completes, reconnecting after broker faults.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RouterError> {
+    run_with_stats(config, shutdown, Arc::default()).await
+}
+
+/// As [`run`], counting what it does in `stats`.
+pub async fn run_with_stats(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    stats: Arc<Stats>,
+) -> Result<(), RouterError> {
     let plan = Arc::new(Plan::new(
         &config.ladder,
         config.strategy,
@@ -90,25 +100,50 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         warn!("{PRIORITY_WARNING}");
     }
     let stop = CancellationToken::new();
-    let supervisor = supervise(config, plan, stop.clone());
+    let logger = tokio::spawn(log_stats(stats.clone(), stop.clone()));
+    let supervisor = supervise(config, plan, stats, stop.clone());
     tokio::pin!(supervisor);
     tokio::select! {
         result = &mut supervisor => return result,
         () = shutdown => info!("shutdown requested: stopping consumers, settling in-flight messages"),
     }
     stop.cancel();
-    supervisor.await
+    let result = supervisor.await;
+    let _ = logger.await;
+    result
+}
+
+async fn log_stats(stats: Arc<Stats>, stop: CancellationToken) {
+    let mut last = stats::Snapshot::default();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(stats::LOG_EVERY) => {}
+        }
+        let now = stats.snapshot();
+        if now != last {
+            info!(
+                placed = now.placed,
+                delivered = now.delivered,
+                held = now.held,
+                parked = now.parked,
+                "figures since start"
+            );
+            last = now;
+        }
+    }
 }
 
 async fn supervise(
     config: Config,
     plan: Arc<Plan>,
+    stats: Arc<Stats>,
     stop: CancellationToken,
 ) -> Result<(), RouterError> {
     let mut backoff = RECONNECT_MIN;
     loop {
         let started = Instant::now();
-        match session(&config, &plan, &stop).await {
+        match session(&config, &plan, &stats, &stop).await {
             Ok(()) => return Ok(()),
             Err(SessionError::Fatal(e)) => return Err(RouterError::Topology(e)),
             Err(SessionError::Transient(message)) => {
@@ -178,6 +213,7 @@ impl Fault {
 async fn session(
     config: &Config,
     plan: &Arc<Plan>,
+    stats: &Arc<Stats>,
     stop: &CancellationToken,
 ) -> Result<(), SessionError> {
     let conn = broker::connect(&config.url, "delay-router consume").await?;
@@ -237,6 +273,7 @@ async fn session(
             publish_conn: publish_conn.clone(),
             exchanges: exchanges.clone(),
             fault: fault.clone(),
+            stats: stats.clone(),
             prefetch: config.prefetch,
             inflight_bytes: config.inflight_bytes,
         };
@@ -287,6 +324,7 @@ async fn close_both(a: &Connection, b: &Connection) {
 }
 
 struct Pipeline {
+    stats: Arc<Stats>,
     source: Source,
     plan: Arc<Plan>,
     conn: Arc<Connection>,
@@ -453,10 +491,11 @@ impl Pipeline {
         // window): awaiting each publish here would cost a round trip to
         // lapin's IO thread per message.
         let (plan, ch, fault) = (self.plan.clone(), publish_ch.clone(), self.fault.clone());
+        let stats = self.stats.clone();
         let settler = settler.clone();
         tracker.spawn(
             async move {
-                if let Err(e) = forward(&plan, &ch, pending, &settler).await {
+                if let Err(e) = forward(&plan, &ch, pending, &settler, &stats).await {
                     error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
                     fault.raise(e);
                 }
@@ -547,7 +586,14 @@ async fn forward(
     ch: &Channel,
     pending: Pending,
     settler: &settle::Settler,
+    stats: &Stats,
 ) -> Result<(), String> {
+    if let Action::Deliver { after, .. } = &pending.action
+        && !after.is_zero()
+    {
+        // Cascade's last fraction: timed here while the delivery stays unacked.
+        tokio::time::sleep(*after).await;
+    }
     let confirm = publish(ch, &plan.names, &pending.action, &pending.data).await?;
     let confirmation = wait_confirm(confirm).await?;
     let failure = match (&pending.action, confirmation) {
@@ -576,8 +622,12 @@ async fn forward(
         }
         (_, other) => return Err(format!("broker did not accept the publish: {other:?}")),
     };
-    if let Some((destination, reason)) = failure {
-        park_after_delivery(plan, ch, &pending, destination, reason).await?;
+    match failure {
+        Some((destination, reason)) => {
+            park_after_delivery(plan, ch, &pending, destination, reason).await?;
+            stats.record_parked();
+        }
+        None => stats.record(&pending.action),
     }
     settler
         .send(settle::Event::Settled(pending.tag))

@@ -262,6 +262,23 @@ impl Harness {
         q.message_count()
     }
 
+    /// Whether a queue exists (passive declare).
+    pub async fn exists(&self, queue: &str) -> bool {
+        let ch = self.conn.create_channel().await.unwrap();
+        let r = ch
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = ch.close(200, "ok".into()).await;
+        r.is_ok()
+    }
+
     pub async fn consumers(&self, queue: &str) -> u32 {
         let ch = self.conn.create_channel().await.unwrap();
         let r = ch
