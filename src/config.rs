@@ -230,7 +230,7 @@ impl Config {
                 format!("expected 1 to {MAX_PREFIX_LEN} characters from A-Z a-z 0-9 . - _ :"),
             ));
         }
-        let strategy_raw = raw.placement.strategy.unwrap_or_else(|| "round-up".into());
+        let strategy_raw = raw.placement.strategy.unwrap_or_else(|| "cascade".into());
         let strategy = strategy_raw
             .parse::<Strategy>()
             .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
@@ -284,7 +284,7 @@ mod tests {
             ["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"]
         );
         assert_eq!(c.prefix, "delay");
-        assert_eq!(c.strategy, Strategy::RoundUp);
+        assert_eq!(c.strategy, Strategy::Cascade);
         assert_eq!((c.prefetch, c.inflight_bytes), (5000, 64 << 20));
         assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
     }

@@ -229,3 +229,37 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
     std::fs::remove_file(path).unwrap();
     h.cleanup().await;
 }
+
+#[tokio::test]
+async fn the_priority_strategy_warns_at_start_what_the_broker_gives() {
+    let mut h = Harness::new(&["1s"], "[placement]\nstrategy = \"priority\"").await;
+    let path = write_config(&h.prefix, &["1s"], "[placement]\nstrategy = \"priority\"");
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h.consumers(h.names.expired.as_str()).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "router did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("strategy \"priority\": on RabbitMQ before 4.3"),
+        "{err}"
+    );
+    assert!(err.contains("Use \"cascade\" for exact delays"), "{err}");
+    h.start_router().await; // so cleanup sees a router to stop
+    std::fs::remove_file(path).unwrap();
+    h.cleanup().await;
+}

@@ -7,10 +7,12 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use std::time::{Duration, Instant};
 
 const MARGIN: Duration = Duration::from_secs(3);
+const ROUND_UP: &str = "[placement]\nstrategy = \"round-up\"";
 
 #[tokio::test]
 async fn round_up_delivers_after_the_delay_never_early() {
-    let mut h = Harness::start(&["1s", "2s", "5s"]).await;
+    let mut h = Harness::new(&["1s", "2s", "5s"], ROUND_UP).await;
+    h.start_router().await;
     let q = h.queue("dest").await;
     let cases = [(1500u64, 2u64), (400, 1), (4_200, 5)];
     let mut sent = Vec::new();
@@ -96,7 +98,8 @@ async fn every_header_form_is_accepted() {
 
 #[tokio::test]
 async fn a_delay_longer_than_the_top_rung_goes_round_and_is_never_early() {
-    let mut h = Harness::start(&["1s", "2s"]).await;
+    let mut h = Harness::new(&["1s", "2s"], ROUND_UP).await;
+    h.start_router().await;
     let q = h.queue("dest").await;
     let t0 = Instant::now();
     h.publish("k", to_queue(&q, s("4500ms")), b"long").await;

@@ -94,7 +94,7 @@ async fn priority_is_never_early_and_late_by_at_most_its_bucket() {
 
 #[tokio::test]
 async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_buckets() {
-    let mut h = Harness::new(&["1s", "2s", "5s"], "").await;
+    let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"round-up\"").await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let delays: Vec<u64> = (0..30).map(|i| 3_000 + i * 50).collect();

@@ -1,0 +1,194 @@
+//! Precision: the same mixed workload through each placement strategy, side by
+//! side in one run on the same broker. Per strategy: lateness (delivered minus
+//! requested, measured from just before the publish to the router) p50, p90,
+//! p99 and max; deliveries early (must be 0); bucket hops per message; and the
+//! broker work per message that the hops cost.
+//!
+//! Workload: BENCH_MESSAGES (default 2000) messages per strategy, delays
+//! log-uniform from 200 ms to 60 s, sent evenly over BENCH_SPREAD_SECS (60)
+//! seconds; ladder 1s, 2s, 4s, 8s, 16s, 32s.
+//!
+//! `cargo bench --bench precision`
+
+use delay_router::config::Config;
+use delay_router::placement::Strategy;
+use delay_router::router;
+use delay_router::stats::Stats;
+use futures_util::StreamExt;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const LADDER: [&str; 6] = ["1s", "2s", "4s", "8s", "16s", "32s"];
+const STRATEGIES: [Strategy; 3] = [Strategy::RoundUp, Strategy::Priority, Strategy::Cascade];
+const MIN_DELAY_MS: f64 = 200.0;
+const MAX_DELAY_MS: f64 = 60_000.0;
+
+fn env_or(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// xorshift64*: a fixed, reproducible workload without depending on rand's API.
+struct Rng(u64);
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+struct Lane {
+    strategy: Strategy,
+    prefix: String,
+    dest: String,
+    stats: Arc<Stats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), router::RouterError>>,
+    sent: Arc<Mutex<HashMap<usize, (Instant, u64)>>>,
+    arrived: Arc<Mutex<HashMap<usize, Instant>>>,
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let n = env_or("BENCH_MESSAGES", 2000) as usize;
+    let spread = Duration::from_secs(env_or("BENCH_SPREAD_SECS", 60));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let conn = Connection::connect(URL, ConnectionProperties::default()).await.expect("broker");
+        let ch = conn.create_channel().await.unwrap();
+        let mut lanes = Vec::new();
+        for strategy in STRATEGIES {
+            let prefix = format!("prec-{strategy}-{:06x}", rand::random::<u32>() & 0xff_ffff);
+            let mut text = format!("[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n[placement]\nstrategy = \"{strategy}\"\n");
+            for r in LADDER {
+                text.push_str(&format!("[[bucket]]\nttl = \"{r}\"\n"));
+            }
+            let config = Config::from_toml(&text).unwrap();
+            let dest = format!("{prefix}.dest");
+            ch.queue_declare(dest.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default()).await.unwrap();
+            let stats = Arc::new(Stats::default());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(router::run_with_stats(config, async move { let _ = rx.await; }, stats.clone()));
+            let arrived = Arc::new(Mutex::new(HashMap::new()));
+            let consumer_ch = conn.create_channel().await.unwrap();
+            let mut consumer = consumer_ch
+                .basic_consume(dest.as_str().into(), "precision".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+                .await
+                .unwrap();
+            let sink = arrived.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(d)) = consumer.next().await {
+                    let at = Instant::now();
+                    let id: usize = d.properties.message_id().as_ref().unwrap().as_str().parse().unwrap();
+                    sink.lock().unwrap().insert(id, at);
+                }
+            });
+            lanes.push(Lane { strategy, prefix, dest, stats, stop: Some(tx), task, sent: Default::default(), arrived });
+        }
+        // Let every router declare and start consuming.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        let pub_ch = conn.create_channel().await.unwrap();
+        pub_ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let start = Instant::now();
+        let mut confirms = Vec::new();
+        for i in 0..n {
+            let delay = (MIN_DELAY_MS * (MAX_DELAY_MS / MIN_DELAY_MS).powf(rng.next_f64())).round() as u64;
+            let due = start + spread.mul_f64(i as f64 / n as f64);
+            tokio::time::sleep_until(due.into()).await;
+            for lane in &lanes {
+                let mut h = FieldTable::default();
+                h.insert("x-requested-delay".into(), AMQPValue::LongLongInt(delay as i64));
+                h.insert("x-original-exchange".into(), AMQPValue::LongString(LongString::from("")));
+                h.insert("x-original-routing-key".into(), AMQPValue::LongString(LongString::from(lane.dest.as_str())));
+                let props = BasicProperties::default().with_delivery_mode(2).with_message_id(i.to_string().into()).with_headers(h);
+                let exchange = format!("{}.router", lane.prefix);
+                lane.sent.lock().unwrap().insert(i, (Instant::now(), delay));
+                confirms.push(pub_ch.basic_publish(exchange.as_str().into(), "".into(), BasicPublishOptions::default(), b"precision", props).await.unwrap());
+            }
+        }
+        for c in confirms {
+            assert!(c.await.unwrap().is_ack());
+        }
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while lanes.iter().any(|l| l.arrived.lock().unwrap().len() < n) {
+            assert!(Instant::now() < deadline, "not every message arrived");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let elapsed = start.elapsed();
+
+        println!("{n} messages per strategy, delays log-uniform {MIN_DELAY_MS} ms..{MAX_DELAY_MS} ms, sent over {spread:?}; ladder {}; run {elapsed:.0?}", LADDER.join(", "));
+        println!();
+        println!("| strategy | lateness p50 | p90 | p99 | max | early | hops/msg | router publishes/msg | held by router |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for lane in &mut lanes {
+            let sent = lane.sent.lock().unwrap();
+            let arrived = lane.arrived.lock().unwrap();
+            let mut late: Vec<i64> = sent
+                .iter()
+                .map(|(i, (t0, delay))| {
+                    let waited = arrived[i].duration_since(*t0).as_millis() as i64;
+                    waited - *delay as i64
+                })
+                .collect();
+            late.sort();
+            let early = late.iter().filter(|l| **l < 0).count();
+            let s = lane.stats.snapshot();
+            let hops = s.placed as f64 / s.delivered.max(1) as f64;
+            println!(
+                "| {} | {} ms | {} ms | {} ms | {} ms | {early} | {hops:.2} | {:.2} | {} |",
+                lane.strategy,
+                percentile(&late, 0.5),
+                percentile(&late, 0.9),
+                percentile(&late, 0.99),
+                late[late.len() - 1],
+                hops + 1.0,
+                s.held
+            );
+        }
+        for lane in &mut lanes {
+            if let Some(tx) = lane.stop.take() {
+                let _ = tx.send(());
+            }
+        }
+        for lane in lanes {
+            lane.task.await.unwrap().unwrap();
+            let mut queues = vec![lane.dest.clone()];
+            for suffix in ["ingress", "expired", "parked", "state"] {
+                queues.push(format!("{}.{suffix}", lane.prefix));
+            }
+            let plan = delay_router::decision::Plan::new(
+                &delay_router::ladder::Ladder::from_labels(&LADDER).unwrap(),
+                lane.strategy,
+                &lane.prefix,
+                "guest",
+            );
+            queues.extend(plan.bucket_queues().into_iter().map(|(q, _)| q.to_string()));
+            for q in queues {
+                let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+            }
+            for e in ["router", "expired"] {
+                let _ = ch.exchange_delete(format!("{}.{e}", lane.prefix).as_str().into(), ExchangeDeleteOptions::default()).await;
+            }
+        }
+    });
+}
