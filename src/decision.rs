@@ -357,6 +357,41 @@ mod tests {
         assert_eq!(queue.as_str(), "t.bucket.500ms");
     }
 
+    /// The README's example: 100 s on the shipped ladder.
+    #[test]
+    fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
+        let shipped = crate::config::Config::from_toml(include_str!("../buckets.toml")).unwrap();
+        let plan = Plan::new(&shipped.ladder, Strategy::Cascade, "delay", "guest");
+        let p = props(&[
+            ("x-requested-delay", s("100s")),
+            (ORIGINAL_EXCHANGE, s("orders")),
+        ]);
+        let (mut action, mut now, mut path) = (plan.on_ingress(&"k".into(), &p, NOW), NOW, vec![]);
+        while let Action::Wait {
+            queue,
+            ttl,
+            properties,
+        } = action
+        {
+            path.push(queue.to_string());
+            now += ttl.as_millis() as i64;
+            action = plan.on_expired(&properties, now);
+        }
+        assert_eq!(
+            path,
+            [
+                "delay.bucket.1m",
+                "delay.bucket.30s",
+                "delay.bucket.7500ms",
+                "delay.bucket.1875ms",
+                "delay.bucket.468ms"
+            ]
+        );
+        assert!(
+            matches!(action, Action::Deliver { after, .. } if after == Duration::from_millis(157))
+        );
+    }
+
     #[test]
     fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
         let plan = plan_for(Strategy::Priority);

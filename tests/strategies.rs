@@ -39,6 +39,16 @@ async fn lateness(
             .parse()
             .unwrap();
         let (t0, delay) = sent[&i];
+        assert_eq!(
+            *d.properties.expiration(),
+            None,
+            "message {i}: the router's TTL leaked"
+        );
+        assert_eq!(
+            *d.properties.priority(),
+            None,
+            "message {i}: the router's priority leaked"
+        );
         let waited = at - t0;
         let delay = Duration::from_millis(delay);
         assert!(
