@@ -71,12 +71,29 @@ impl Source {
     }
 }
 
-/// Milliseconds since the Unix epoch by the router's clock.
+/// Milliseconds since the Unix epoch by the router's clock, rounded down: a
+/// deadline compared with it is never reached early.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
+    epoch_ms(false)
+}
+
+/// Milliseconds since the Unix epoch, rounded up: deadlines are stamped from it,
+/// so a message received at 1000.9 ms with a 5 ms delay is due at 1006, not 1005.
+pub fn stamp_ms() -> i64 {
+    epoch_ms(true)
+}
+
+fn epoch_ms(up: bool) -> i64 {
+    let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let ms = if up {
+        nanos.div_ceil(1_000_000)
+    } else {
+        nanos / 1_000_000
+    };
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 /// Runs the router until `shutdown` completes, reconnecting after broker faults.
@@ -460,14 +477,14 @@ impl Pipeline {
         tracker: &TaskTracker,
         settler: &settle::Settler,
     ) -> Result<(), String> {
-        let now = now_ms();
         let mut action = match self.source {
             Source::Ingress => {
                 self.plan
-                    .on_ingress(&delivery.routing_key, &delivery.properties, now)
+                    .on_ingress(&delivery.routing_key, &delivery.properties, stamp_ms())
             }
-            Source::Expired => self.plan.on_expired(&delivery.properties, now),
+            Source::Expired => self.plan.on_expired(&delivery.properties, now_ms()),
         };
+        let now = now_ms();
         if let Action::Deliver {
             destination,
             properties,

@@ -16,6 +16,19 @@ fn write_config(prefix: &str, ladder: &[&str], extra: &str) -> std::path::PathBu
     path
 }
 
+/// Starts `delay-router run` and waits until it consumes.
+async fn spawn_run(h: &Harness, path: &std::path::Path) -> std::process::Child {
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    h.wait_consumers().await;
+    child
+}
+
 fn cli(args: &[&str], path: &std::path::Path) -> std::process::Output {
     Command::new(BIN)
         .args(args)
@@ -162,18 +175,7 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
     let mut h = Harness::new(&["1s", "2s"], "").await;
     let dest = h.queue("dest").await;
     let path = write_config(&h.prefix, &["1s", "2s"], "");
-    let mut child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while h.consumers(h.names.expired.as_str()).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "router did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut child = spawn_run(&h, &path).await;
     for i in 0..N {
         let props = to_queue(&dest, AMQPValue::LongInt(((i % 3) * 700) as i32))
             .with_message_id(i.to_string().into());
@@ -209,18 +211,7 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
     // Whatever was left resumes with a new router: every message arrives once.
     h.start_router().await;
     let got = h.receive(&dest, N, Duration::from_secs(30)).await;
-    let mut ids: Vec<usize> = got
-        .iter()
-        .map(|(_, d)| {
-            d.properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .as_str()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let mut ids: Vec<usize> = got.iter().map(|(_, d)| id(d)).collect();
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), N);
@@ -234,17 +225,7 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
 async fn the_priority_strategy_warns_at_start_what_the_broker_gives() {
     let mut h = Harness::new(&["1s"], "[placement]\nstrategy = \"priority\"").await;
     let path = write_config(&h.prefix, &["1s"], "[placement]\nstrategy = \"priority\"");
-    let child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&path)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while h.consumers(h.names.expired.as_str()).await == 0 {
-        assert!(std::time::Instant::now() < deadline, "router did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let child = spawn_run(&h, &path).await;
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -24,14 +24,7 @@ async fn round_up_delivers_after_the_delay_never_early() {
     }
     let got = h.receive(&q, cases.len(), Duration::from_secs(20)).await;
     for (at, d) in got {
-        let i: usize = d
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .as_str()
-            .parse()
-            .unwrap();
+        let i = id(&d);
         let (delay_ms, bucket_s) = cases[i];
         let waited = at - sent[i];
         assert!(
@@ -74,18 +67,7 @@ async fn every_header_form_is_accepted() {
         .await;
     }
     let got = h.receive(&q, forms.len(), Duration::from_secs(15)).await;
-    let mut ids: Vec<usize> = got
-        .iter()
-        .map(|(_, d)| {
-            d.properties
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .as_str()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let mut ids: Vec<usize> = got.iter().map(|(_, d)| id(d)).collect();
     ids.sort();
     assert_eq!(ids, (0..forms.len()).collect::<Vec<_>>());
     assert_eq!(

@@ -30,14 +30,7 @@ async fn lateness(
     let got = h.receive(queue, sent.len(), within).await;
     let mut out = BTreeMap::new();
     for (at, d) in got {
-        let i: usize = d
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .as_str()
-            .parse()
-            .unwrap();
+        let i = id(&d);
         let (t0, delay) = sent[&i];
         assert_eq!(
             *d.properties.expiration(),

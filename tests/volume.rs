@@ -37,20 +37,14 @@ async fn a_thousand_messages_arrive_exactly_once_and_never_early() {
     let got = h.receive(&q, N, Duration::from_secs(60)).await;
     let mut seen = BTreeSet::new();
     for (arrived, d) in &got {
-        let i: usize = d
-            .properties
-            .message_id()
-            .as_ref()
-            .unwrap()
-            .as_str()
-            .parse()
-            .unwrap();
+        let i: usize = id(d);
         assert!(seen.insert(i), "message {i} delivered twice");
         assert_eq!(d.data, i.to_le_bytes());
         let (at, delay_ms) = publish_times[i];
         assert!(
             *arrived - at >= Duration::from_millis(delay_ms as u64),
-            "message {i} early"
+            "message {i} early: waited {:?} for {delay_ms}ms",
+            *arrived - at
         );
     }
     assert_eq!(seen.len(), N);

@@ -105,7 +105,8 @@ impl Harness {
         self.wait_consumers().await;
     }
 
-    async fn wait_consumers(&self) {
+    /// Waits until a router (in-process or the binary) consumes both its queues.
+    pub async fn wait_consumers(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let a = self.consumers(self.names.ingress.as_str()).await;
@@ -244,55 +245,34 @@ impl Harness {
         out
     }
 
-    /// Ready messages in a queue.
-    pub async fn depth(&self, queue: &str) -> u32 {
+    /// A queue's state by passive declare; `None` when it does not exist.
+    pub async fn passive(&self, queue: &str) -> Option<lapin::Queue> {
         let ch = self.conn.create_channel().await.unwrap();
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let _ = ch.close(200, "ok".into()).await;
-        q.message_count()
-    }
-
-    /// Whether a queue exists (passive declare).
-    pub async fn exists(&self, queue: &str) -> bool {
-        let ch = self.conn.create_channel().await.unwrap();
+        let opts = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
         let r = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+            .queue_declare(queue.into(), opts, FieldTable::default())
             .await;
         let _ = ch.close(200, "ok".into()).await;
-        r.is_ok()
+        r.ok()
+    }
+
+    /// Ready messages in a queue, which must exist.
+    pub async fn depth(&self, queue: &str) -> u32 {
+        self.passive(queue)
+            .await
+            .expect("queue exists")
+            .message_count()
+    }
+
+    pub async fn exists(&self, queue: &str) -> bool {
+        self.passive(queue).await.is_some()
     }
 
     pub async fn consumers(&self, queue: &str) -> u32 {
-        let ch = self.conn.create_channel().await.unwrap();
-        let r = ch
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        let _ = ch.close(200, "ok".into()).await;
-        r.map(|q| q.consumer_count()).unwrap_or(0)
+        self.passive(queue).await.map_or(0, |q| q.consumer_count())
     }
 
     /// Stops the router and deletes everything this test declared.
@@ -388,6 +368,17 @@ pub fn to_queue(queue: &str, delay: AMQPValue) -> BasicProperties {
         ("x-original-exchange", s("")),
         ("x-original-routing-key", s(queue)),
     ]))
+}
+
+/// The numeric message-id tests give their messages.
+pub fn id(d: &Delivery) -> usize {
+    d.properties
+        .message_id()
+        .as_ref()
+        .expect("message-id")
+        .as_str()
+        .parse()
+        .expect("numeric message-id")
 }
 
 pub fn short(s: &str) -> ShortString {
