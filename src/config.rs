@@ -3,6 +3,7 @@
 
 use crate::ladder::{Ladder, LadderError, parse_rung};
 use crate::placement::Strategy;
+use crate::retry::Policy;
 use crate::topology::MAX_PREFIX_LEN;
 use crate::window::parse_bytes;
 use lapin::uri::AMQPUri;
@@ -29,6 +30,19 @@ struct RawSettings {
     placement: RawPlacement,
     #[serde(default)]
     bucket: Vec<RawBucket>,
+    #[serde(default)]
+    policy: Vec<RawPolicy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    queue: String,
+    initial: String,
+    multiplier: Option<f64>,
+    max_delay: Option<String>,
+    jitter: Option<f64>,
+    max_attempts: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -139,6 +153,8 @@ pub struct Config {
     pub prefix: String,
     pub strategy: Strategy,
     pub ladder: Ladder,
+    /// Retry policies, first match wins.
+    pub policies: Vec<Policy>,
 }
 
 impl Config {
@@ -243,6 +259,12 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let ladder = Ladder::new(rungs)?;
+        let policies = raw
+            .policy
+            .iter()
+            .enumerate()
+            .map(|(i, p)| validate_policy(i, p))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             url,
             prefetch,
@@ -250,8 +272,79 @@ impl Config {
             prefix,
             strategy,
             ladder,
+            policies,
         })
     }
+}
+
+fn validate_policy(i: usize, p: &RawPolicy) -> Result<Policy, ConfigError> {
+    let invalid = |field: &str, value: String, message: &str| ConfigError::Invalid {
+        key: format!("policy[{i}].{field}"),
+        value,
+        message: message.into(),
+    };
+    let duration = |field: &str, v: &str| {
+        humantime::parse_duration(v.trim())
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    field,
+                    v.into(),
+                    "expected a positive duration such as \"1s\" or \"5m\"",
+                )
+            })
+    };
+    if p.queue.trim().is_empty() {
+        return Err(invalid(
+            "queue",
+            p.queue.clone(),
+            "expected a queue name or glob such as \"orders.*\"",
+        ));
+    }
+    let initial = duration("initial", &p.initial)?;
+    let multiplier = p.multiplier.unwrap_or(1.0);
+    if !(multiplier.is_finite() && multiplier >= 1.0) {
+        return Err(invalid(
+            "multiplier",
+            multiplier.to_string(),
+            "expected a number of at least 1.0",
+        ));
+    }
+    let max_delay = match &p.max_delay {
+        Some(v) => duration("max_delay", v)?,
+        None => crate::contract::MAX_DELAY,
+    };
+    if max_delay < initial {
+        return Err(invalid(
+            "max_delay",
+            format!("{max_delay:?}"),
+            "must not be shorter than initial",
+        ));
+    }
+    let jitter = p.jitter.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&jitter) {
+        return Err(invalid(
+            "jitter",
+            jitter.to_string(),
+            "expected a fraction from 0.0 to 1.0",
+        ));
+    }
+    if p.max_attempts == 0 {
+        return Err(invalid(
+            "max_attempts",
+            "0".into(),
+            "expected at least 1 (deliveries, the first included)",
+        ));
+    }
+    Ok(Policy {
+        queue: p.queue.trim().to_owned(),
+        initial,
+        multiplier,
+        max_delay,
+        jitter,
+        max_attempts: p.max_attempts,
+    })
 }
 
 /// Redacts anything that looks like a URL with a password inside free text.
@@ -323,6 +416,33 @@ mod tests {
         assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
         let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.contains("stratgy"), "{e}");
+    }
+
+    #[test]
+    fn policies_are_validated_naming_the_field() {
+        let base = "[[bucket]]\nttl = \"1s\"\n[[policy]]\nqueue = \"orders.*\"\ninitial = \"1s\"\nmax_attempts = 4\n";
+        let c = Config::from_toml(&format!(
+            "{base}multiplier = 2.0\nmax_delay = \"1h\"\njitter = 0.1\n"
+        ))
+        .unwrap();
+        assert_eq!(c.policies.len(), 1);
+        assert_eq!(c.policies[0].max_delay, Duration::from_secs(3600));
+        for (extra, expected) in [
+            ("multiplier = 0.5\n", "policy[0].multiplier = \"0.5\""),
+            ("jitter = 1.5\n", "policy[0].jitter = \"1.5\""),
+            ("max_delay = \"100ms\"\n", "policy[0].max_delay"),
+        ] {
+            let e = err(&format!("{base}{extra}"));
+            assert!(e.starts_with(expected), "{e}");
+        }
+        let e = err(
+            "[[bucket]]\nttl = \"1s\"\n[[policy]]\nqueue = \"q\"\ninitial = \"soon\"\nmax_attempts = 1\n",
+        );
+        assert!(e.starts_with("policy[0].initial = \"soon\""), "{e}");
+        let e = err(
+            "[[bucket]]\nttl = \"1s\"\n[[policy]]\nqueue = \"q\"\ninitial = \"1s\"\nmax_attempts = 0\n",
+        );
+        assert!(e.starts_with("policy[0].max_attempts"), "{e}");
     }
 
     #[test]

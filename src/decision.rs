@@ -6,8 +6,10 @@ use crate::envelope::{self, Overrides, Transit};
 use crate::ladder::Ladder;
 use crate::park::ParkReason;
 use crate::placement::{self, Placement, Strategy};
+use crate::retry::{self, ATTEMPTS, FIRST_FAILURE, LAST_FAILURE, Policy, Rejection, SOURCE_QUEUE};
 use crate::topology::Names;
 use lapin::BasicProperties;
+use lapin::types::AMQPValue;
 use lapin::types::{FieldTable, ShortString};
 use std::time::Duration;
 
@@ -20,6 +22,8 @@ pub struct Plan {
     pub names: Names,
     /// The AMQP user the router publishes as; RabbitMQ rejects a `user-id` property that differs.
     pub router_user: String,
+    /// Retry policies for rejected messages, first match wins.
+    pub policies: Vec<Policy>,
 }
 
 /// What to do with one message.
@@ -53,7 +57,14 @@ impl Plan {
             strategy,
             names: Names::new(prefix),
             router_user: router_user.to_owned(),
+            policies: Vec::new(),
         }
+    }
+
+    /// The same plan with retry policies.
+    pub fn with_policies(mut self, policies: Vec<Policy>) -> Self {
+        self.policies = policies;
+        self
     }
 
     /// The bucket queues this plan uses, with their declare arguments.
@@ -69,33 +80,55 @@ impl Plan {
             .collect()
     }
 
-    /// A message published to the router exchange.
+    /// A message published to the router exchange (or dead-lettered into it
+    /// by a work queue whose consumer rejected it). `unit` is a random number
+    /// in `[0, 1)` for retry jitter.
     pub fn on_ingress(
         &self,
         routing_key: &ShortString,
         p: &BasicProperties,
         now_ms: i64,
+        unit: f64,
     ) -> Action {
-        match self.admit(routing_key, p, now_ms) {
-            Ok(transit) => self.schedule(p, transit, now_ms, true),
-            Err((reason, destination)) => Action::Park {
-                properties: envelope::park(p, &reason, now_ms, destination.as_ref()),
+        match self.admit(routing_key, p, now_ms, unit) {
+            Ok((transit, p)) => self.schedule(&p, transit, now_ms, true),
+            Err((reason, destination, p)) => Action::Park {
+                properties: envelope::park(&p, &reason, now_ms, destination.as_ref()),
                 reason,
             },
         }
     }
 
+    #[allow(clippy::type_complexity)]
     fn admit(
         &self,
         routing_key: &ShortString,
         p: &BasicProperties,
         now_ms: i64,
-    ) -> Result<Transit, (ParkReason, Option<Destination>)> {
+        unit: f64,
+    ) -> Result<(Transit, BasicProperties), (ParkReason, Option<Destination>, BasicProperties)>
+    {
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
-        let destination = contract::requested_destination(headers, routing_key)
-            .map_err(|e| (ParkReason::InvalidDestination(e), None))?;
-        let park = |reason| (reason, Some(destination.clone()));
+        let explicit = headers.inner().get(REQUESTED_DELAY);
+        let rejection = match retry::newest_rejection(headers) {
+            Ok(r) => r,
+            // A sender's odd x-death does not matter when it says what it wants.
+            Err(_) if explicit.is_some() => None,
+            Err(e) => return Err((ParkReason::InvalidDeath(e), None, p.clone())),
+        };
+        let (destination, p, policy_delay) = match rejection {
+            Some(rejection) => {
+                let (destination, p, delay) = self.retry(&rejection, headers, p, now_ms, unit)?;
+                (destination, p, delay)
+            }
+            None => {
+                let destination = contract::requested_destination(headers, routing_key)
+                    .map_err(|e| (ParkReason::InvalidDestination(e), None, p.clone()))?;
+                (destination, count_attempt(p, now_ms), None)
+            }
+        };
+        let park = |reason| (reason, Some(destination.clone()), p.clone());
         if destination.exchange.as_str() == self.names.router_exchange.as_str() {
             return Err(park(ParkReason::DestinationIsRouter(
                 destination.exchange.to_string(),
@@ -109,16 +142,72 @@ impl Plan {
                 router_user: self.router_user.clone(),
             }));
         }
-        let delay = match headers.inner().get(REQUESTED_DELAY) {
-            None => return Err(park(ParkReason::MissingDelay)),
-            Some(v) => contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?,
+        let delay = match (explicit, policy_delay) {
+            (Some(v), _) => {
+                contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?
+            }
+            (None, Some(d)) => d,
+            (None, None) => return Err(park(ParkReason::MissingDelay)),
         };
         let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-        Ok(Transit {
+        let transit = Transit {
             destination,
             deadline_ms: now_ms.saturating_add(delay_ms),
             hops: 0,
-        })
+        };
+        Ok((transit, p))
+    }
+
+    /// The zero-code path: a message a work queue's consumer rejected goes back
+    /// to exactly that queue, after its policy's delay, until the policy gives up.
+    #[allow(clippy::type_complexity)]
+    fn retry(
+        &self,
+        rejection: &Rejection,
+        headers: &FieldTable,
+        p: &BasicProperties,
+        now_ms: i64,
+        unit: f64,
+    ) -> Result<
+        (Destination, BasicProperties, Option<Duration>),
+        (ParkReason, Option<Destination>, BasicProperties),
+    > {
+        let queue = ShortString::try_new(rejection.queue.as_str()).map_err(|_| {
+            (
+                ParkReason::InvalidDestination(contract::DestinationError::TooLong {
+                    header: "x-death queue",
+                    len: rejection.queue.len(),
+                }),
+                None,
+                p.clone(),
+            )
+        })?;
+        let destination = Destination {
+            exchange: "".into(),
+            routing_key: queue,
+        };
+        let failures = attempts(headers).saturating_add(1);
+        let p = record_failure(p, failures, now_ms, &rejection.queue);
+        let policy = retry::find(&self.policies, &rejection.queue);
+        match policy {
+            Some(policy) if policy.exhausted(failures) => Err((
+                ParkReason::RetriesExhausted {
+                    queue: rejection.queue.clone(),
+                    policy: policy.queue.clone(),
+                    attempts: failures,
+                    max: policy.max_attempts,
+                },
+                Some(destination),
+                p,
+            )),
+            Some(policy) => Ok((destination, p, Some(policy.delay(failures, unit)))),
+            None if headers.contains_key(REQUESTED_DELAY) => Ok((destination, p, None)),
+            None => Err((
+                ParkReason::NoPolicy(rejection.queue.clone()),
+                Some(destination),
+                p,
+            )),
+        }
     }
 
     /// Places a message with `transit` in a bucket, or delivers it when due.
@@ -243,7 +332,7 @@ mod tests {
             queue,
             ttl,
             properties,
-        } = plan().on_ingress(&"eu".into(), &p, NOW)
+        } = plan().on_ingress(&"eu".into(), &p, NOW, 0.0)
         else {
             panic!("expected a bucket")
         };
@@ -270,7 +359,7 @@ mod tests {
         let plan = plan();
         let Action::Wait {
             queue, properties, ..
-        } = plan.on_ingress(&"x".into(), &p, NOW)
+        } = plan.on_ingress(&"x".into(), &p, NOW, 0.0)
         else {
             panic!()
         };
@@ -303,7 +392,7 @@ mod tests {
             (ORIGINAL_EXCHANGE, s("orders")),
         ]);
         assert!(
-            matches!(plan().on_ingress(&"eu".into(), &p, NOW), Action::Deliver { properties, .. } if properties == p)
+            matches!(plan().on_ingress(&"eu".into(), &p, NOW, 0.0), Action::Deliver { properties, .. } if properties == p)
         );
     }
 
@@ -316,7 +405,7 @@ mod tests {
         ]);
         let Action::Wait {
             queue, properties, ..
-        } = plan.on_ingress(&"k".into(), &p, NOW)
+        } = plan.on_ingress(&"k".into(), &p, NOW, 0.0)
         else {
             panic!()
         };
@@ -351,6 +440,7 @@ mod tests {
                 (ORIGINAL_EXCHANGE, s("o")),
             ]),
             NOW,
+            0.0,
         ) else {
             panic!()
         };
@@ -366,7 +456,8 @@ mod tests {
             ("x-requested-delay", s("100s")),
             (ORIGINAL_EXCHANGE, s("orders")),
         ]);
-        let (mut action, mut now, mut path) = (plan.on_ingress(&"k".into(), &p, NOW), NOW, vec![]);
+        let (mut action, mut now, mut path) =
+            (plan.on_ingress(&"k".into(), &p, NOW, 0.0), NOW, vec![]);
         while let Action::Wait {
             queue,
             ttl,
@@ -402,7 +493,7 @@ mod tests {
         .with_priority(1);
         let Action::Wait {
             queue, properties, ..
-        } = plan.on_ingress(&"k".into(), &p, NOW)
+        } = plan.on_ingress(&"k".into(), &p, NOW, 0.0)
         else {
             panic!()
         };
@@ -417,8 +508,107 @@ mod tests {
         assert_eq!(properties.priority(), &Some(1));
     }
 
+    fn rejected_by(queue: &str, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+        let mut entry = FieldTable::default();
+        entry.insert("reason".into(), s("rejected"));
+        entry.insert("queue".into(), s(queue));
+        entry.insert("count".into(), AMQPValue::LongLongInt(1));
+        let mut pairs = vec![(
+            "x-death",
+            AMQPValue::FieldArray(vec![AMQPValue::FieldTable(entry)].into()),
+        )];
+        pairs.extend(extra.iter().cloned());
+        props(&pairs)
+    }
+
+    fn retry_plan() -> Plan {
+        let policy = Policy {
+            queue: "orders.*".into(),
+            initial: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_delay: Duration::from_secs(60),
+            jitter: 0.0,
+            max_attempts: 3,
+        };
+        plan_for(Strategy::Cascade).with_policies(vec![policy])
+    }
+
+    fn header_i64(p: &BasicProperties, key: &str) -> Option<i64> {
+        contract::integer(p.headers().as_ref()?, key)
+    }
+
+    #[test]
+    fn a_rejected_message_returns_to_exactly_its_queue_after_the_policy_delay() {
+        let plan = retry_plan();
+        let p = rejected_by("orders.eu", &[]);
+        let Action::Wait { properties, .. } = plan.on_ingress(&"eu".into(), &p, NOW, 0.0) else {
+            panic!()
+        };
+        let t = read_transit(&properties).unwrap();
+        assert_eq!(
+            t.destination,
+            Destination {
+                exchange: "".into(),
+                routing_key: "orders.eu".into()
+            }
+        );
+        assert_eq!(t.deadline_ms, NOW + 1_000);
+        // The second failure waits twice as long and counts on.
+        let Action::Deliver { properties, .. } = plan.on_expired(&properties, NOW + 1_000) else {
+            panic!()
+        };
+        assert_eq!(header_i64(&properties, ATTEMPTS), Some(1));
+        let Action::Wait { properties, .. } =
+            plan.on_ingress(&"eu".into(), &properties, NOW + 5_000, 0.0)
+        else {
+            panic!()
+        };
+        let t = read_transit(&properties).unwrap();
+        assert_eq!(t.deadline_ms, NOW + 5_000 + 2_000);
+        let delivered = envelope::leave_transit(&properties);
+        assert_eq!(header_i64(&delivered, ATTEMPTS), Some(2));
+        assert_eq!(header_i64(&delivered, FIRST_FAILURE), Some(NOW));
+        assert_eq!(header_i64(&delivered, LAST_FAILURE), Some(NOW + 5_000));
+        // The third failure is the last one allowed.
+        match plan.on_ingress(&"eu".into(), &delivered, NOW + 9_000, 0.0) {
+            Action::Park { reason, properties } => {
+                assert_eq!(
+                    reason.to_string(),
+                    "gave up after 3 attempts: policy \"orders.*\" allows 3 deliveries to queue 'orders.eu'"
+                );
+                assert_eq!(header_i64(&properties, ATTEMPTS), Some(3));
+                assert_eq!(header_i64(&properties, FIRST_FAILURE), Some(NOW));
+            }
+            other => panic!("expected park, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_policy_parks_and_an_explicit_delay_wins() {
+        let plan = retry_plan();
+        assert!(matches!(
+            plan.on_ingress(&"k".into(), &rejected_by("billing", &[]), NOW, 0.0),
+            Action::Park { reason: ParkReason::NoPolicy(q), .. } if q == "billing"
+        ));
+        let p = rejected_by("orders.eu", &[("x-requested-delay", s("7s"))]);
+        let Action::Wait { properties, .. } = plan.on_ingress(&"k".into(), &p, NOW, 0.0) else {
+            panic!()
+        };
+        assert_eq!(read_transit(&properties).unwrap().deadline_ms, NOW + 7_000);
+    }
+
+    #[test]
+    fn plain_delayed_messages_get_no_attempt_headers() {
+        let p = props(&[("x-requested-delay", s("1s")), (ORIGINAL_EXCHANGE, s("o"))]);
+        let Action::Wait { properties, .. } = retry_plan().on_ingress(&"k".into(), &p, NOW, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!(header_i64(&properties, ATTEMPTS), None);
+    }
+
     fn park_reason(p: &BasicProperties) -> ParkReason {
-        match plan().on_ingress(&"rk".into(), p, NOW) {
+        match plan().on_ingress(&"rk".into(), p, NOW, 0.0) {
             Action::Park { reason, .. } => reason,
             other => panic!("expected park, got {other:?}"),
         }
@@ -467,4 +657,43 @@ mod tests {
             }
         ));
     }
+}
+
+/// Failures counted so far by the router's own header.
+fn attempts(headers: &FieldTable) -> u32 {
+    contract::integer(headers, ATTEMPTS)
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// Records failure number `failures` on the message itself: these headers stay
+/// on delivery, so the next rejection counts on from them.
+fn record_failure(p: &BasicProperties, failures: u32, now_ms: i64, queue: &str) -> BasicProperties {
+    let mut h = p.headers().clone().unwrap_or_default();
+    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
+    if contract::integer(&h, FIRST_FAILURE).is_none() {
+        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    }
+    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    h.insert(SOURCE_QUEUE.into(), AMQPValue::LongString(queue.into()));
+    p.clone().with_headers(h)
+}
+
+/// The explicit path counts a retry when the message carries the attempts
+/// header (the client API sets it); plain delayed messages stay untouched.
+fn count_attempt(p: &BasicProperties, now_ms: i64) -> BasicProperties {
+    let Some(h) = p.headers() else {
+        return p.clone();
+    };
+    if !h.contains_key(ATTEMPTS) {
+        return p.clone();
+    }
+    let failures = attempts(h).saturating_add(1);
+    let mut h = h.clone();
+    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
+    if contract::integer(&h, FIRST_FAILURE).is_none() {
+        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    }
+    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    p.clone().with_headers(h)
 }

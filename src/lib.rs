@@ -11,6 +11,7 @@
 //! - [`contract`]: header names, and parsing of `x-requested-delay` and the destination.
 //! - [`envelope`]: how properties change in transit and are restored exactly on delivery.
 //! - [`park`]: why a message was parked, in words.
+//! - [`retry`]: retry policies, backoff with jitter, reading `x-death` rejections.
 //! - [`decision`]: what to do with a message at ingress or when a bucket expires it.
 //! - [`topology`]: names and arguments of everything declared.
 //! - [`window`]: the prefetch window, sized to a byte budget from observed message sizes.
@@ -35,6 +36,7 @@ pub mod janitor;
 pub mod ladder;
 pub mod park;
 pub mod placement;
+pub mod retry;
 pub mod router;
 pub mod settle;
 pub mod shutdown;

@@ -1,6 +1,7 @@
 //! Why a message was parked: a typed reason, rendered to words once for `x-park-reason`.
 
 use crate::contract::{DelayError, DestinationError};
+use crate::retry::DeathError;
 
 /// Why the router parked a message instead of delaying or delivering it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +40,21 @@ pub enum ParkReason {
         "arrived from a bucket without the router's transit headers ({0}); was it published straight to a bucket?"
     )]
     NotInTransit(String),
+    #[error(
+        "rejected by queue '{0}', which no [[policy]] matches, and no x-requested-delay says how long to wait"
+    )]
+    NoPolicy(String),
+    #[error(
+        "gave up after {attempts} attempts: policy \"{policy}\" allows {max} deliveries to queue '{queue}'"
+    )]
+    RetriesExhausted {
+        queue: String,
+        policy: String,
+        attempts: u32,
+        max: u32,
+    },
+    #[error("cannot read x-death: {0}")]
+    InvalidDeath(DeathError),
 }
 
 /// Renders an exchange name for humans: the default exchange has no name.

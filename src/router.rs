@@ -107,12 +107,15 @@ pub async fn run_with_stats(
     shutdown: impl Future<Output = ()>,
     stats: Arc<Stats>,
 ) -> Result<(), RouterError> {
-    let plan = Arc::new(Plan::new(
-        &config.ladder,
-        config.strategy,
-        &config.prefix,
-        config.url.username(),
-    ));
+    let plan = Arc::new(
+        Plan::new(
+            &config.ladder,
+            config.strategy,
+            &config.prefix,
+            config.url.username(),
+        )
+        .with_policies(config.policies.clone()),
+    );
     if plan.strategy == Strategy::Priority {
         warn!("{PRIORITY_WARNING}");
     }
@@ -478,10 +481,12 @@ impl Pipeline {
         settler: &settle::Settler,
     ) -> Result<(), String> {
         let mut action = match self.source {
-            Source::Ingress => {
-                self.plan
-                    .on_ingress(&delivery.routing_key, &delivery.properties, stamp_ms())
-            }
+            Source::Ingress => self.plan.on_ingress(
+                &delivery.routing_key,
+                &delivery.properties,
+                stamp_ms(),
+                rand::random::<f64>(),
+            ),
             Source::Expired => self.plan.on_expired(&delivery.properties, now_ms()),
         };
         let now = now_ms();
