@@ -158,6 +158,11 @@ impl Harness {
         name
     }
 
+    /// Deletes `queue` with the rest at cleanup.
+    pub fn track_queue(&mut self, queue: &str) {
+        self.queues.push(queue.to_owned());
+    }
+
     /// A direct exchange owned by this test, `<prefix>.<suffix>`.
     pub async fn exchange(&mut self, suffix: &str) -> String {
         let name = format!("{}.{suffix}", self.prefix);

@@ -1,0 +1,230 @@
+//! Zero-code retries: a work queue dead-letters to the router exchange and its
+//! consumer only rejects. The router sends each failure back to exactly that
+//! queue after the policy's delay, counts attempts, and parks the last failure.
+
+mod common;
+use common::*;
+use futures_util::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable};
+use std::time::{Duration, Instant};
+
+const POLICY: &str = "[placement]\nstrategy = \"cascade\"\n[[policy]]\nqueue = \"*.work\"\ninitial = \"1s\"\nmultiplier = 2.0\nmax_delay = \"10s\"\njitter = 0.0\nmax_attempts = 4\n";
+
+fn int(d: &lapin::message::Delivery, key: &str) -> Option<i64> {
+    match header(d, key)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+/// A work queue bound to `exchange` with `key`, dead-lettering to the router.
+async fn work_queue(h: &mut Harness, exchange: &str, key: &str) -> String {
+    let name = format!("{}.work", h.prefix);
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        s(h.names.router_exchange.as_str()),
+    );
+    h.ch.queue_declare(name.as_str().into(), QueueDeclareOptions::durable(), args)
+        .await
+        .unwrap();
+    h.bind(&name, exchange, key).await;
+    h.track_queue(&name);
+    name
+}
+
+#[tokio::test]
+async fn a_consumer_that_only_nacks_gets_policy_delays_then_success() {
+    let mut h = Harness::new(&["1s", "2s", "5s"], POLICY).await;
+    h.start_router().await;
+    let ex = h.exchange("orders").await;
+    let work = work_queue(&mut h, &ex, "eu").await;
+    let observer = h.queue("observer").await;
+    h.bind(&observer, &ex, "eu").await;
+
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            work.as_str().into(),
+            "worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    h.ch.basic_publish(
+        ex.as_str().into(),
+        "eu".into(),
+        BasicPublishOptions::default(),
+        b"order-1",
+        BasicProperties::default().with_message_id("o1".into()),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    // Fail twice, then succeed.
+    let mut seen = Vec::new();
+    for attempt in 1..=3 {
+        let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push((
+            Instant::now(),
+            int(&d, "x-delay-router-attempts"),
+            d.data.clone(),
+        ));
+        if attempt < 3 {
+            d.acker
+                .nack(BasicNackOptions {
+                    requeue: false,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        } else {
+            d.acker.ack(BasicAckOptions::default()).await.unwrap();
+        }
+    }
+    assert_eq!(
+        seen.iter().map(|s| s.1).collect::<Vec<_>>(),
+        [None, Some(1), Some(2)]
+    );
+    assert!(seen.iter().all(|s| s.2 == b"order-1"));
+    let first_gap = seen[1].0 - seen[0].0;
+    let second_gap = seen[2].0 - seen[1].0;
+    assert!(
+        first_gap >= Duration::from_secs(1),
+        "first retry early: {first_gap:?}"
+    );
+    assert!(
+        second_gap >= Duration::from_secs(2),
+        "second retry early: {second_gap:?}"
+    );
+    assert!(
+        first_gap < Duration::from_millis(1800) && second_gap < Duration::from_millis(2800),
+        "{first_gap:?} {second_gap:?}"
+    );
+    // Retries go back to the work queue only: the observer saw the original once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        h.depth(&observer).await,
+        1,
+        "no extra copies to other queues on the same binding"
+    );
+    assert_eq!(h.depth(h.names.parked.as_str()).await, 0);
+    let _ = ch.close(200, "done".into()).await;
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_last_allowed_failure_is_parked_with_attempts_and_source() {
+    let mut h = Harness::new(&["1s", "2s", "5s"], POLICY).await;
+    h.start_router().await;
+    let ex = h.exchange("jobs").await;
+    let work = work_queue(&mut h, &ex, "run").await;
+    let ch = h.conn.create_channel().await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            work.as_str().into(),
+            "always-fails".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    h.ch.basic_publish(
+        ex.as_str().into(),
+        "run".into(),
+        BasicPublishOptions::default(),
+        b"job",
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    for _ in 0..4 {
+        let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        d.acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .unwrap();
+    }
+    let parked = h
+        .receive(h.names.parked.as_str(), 1, Duration::from_secs(10))
+        .await;
+    let d = &parked[0].1;
+    // 1 s + 2 s + 4 s of backoff before the fourth delivery.
+    assert!(t0.elapsed() >= Duration::from_secs(7));
+    let reason = header_str(d, "x-park-reason").unwrap();
+    assert!(reason.starts_with("gave up after 4 attempts"), "{reason}");
+    assert_eq!(int(d, "x-delay-router-attempts"), Some(4));
+    assert_eq!(
+        header_str(d, "x-delay-router-source-queue").as_deref(),
+        Some(work.as_str())
+    );
+    let (first, last) = (
+        int(d, "x-delay-router-first-failure").unwrap(),
+        int(d, "x-delay-router-last-failure").unwrap(),
+    );
+    assert!(last - first >= 7_000, "first {first} last {last}");
+    assert_eq!(d.data, b"job");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        h.depth(&work).await,
+        0,
+        "a parked message is not retried again"
+    );
+    let _ = ch.close(200, "done".into()).await;
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_rejection_no_policy_matches_is_parked_with_that_reason() {
+    let mut h = Harness::new(&["1s"], "").await;
+    h.start_router().await;
+    let ex = h.exchange("misc").await;
+    let work = work_queue(&mut h, &ex, "k").await;
+    let ch = h.conn.create_channel().await.unwrap();
+    h.ch.basic_publish(
+        ex.as_str().into(),
+        "k".into(),
+        BasicPublishOptions::default(),
+        b"m",
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let got = ch
+        .basic_get(work.as_str().into(), BasicGetOptions::default())
+        .await
+        .unwrap();
+    let d = got.expect("one message").delivery;
+    d.acker
+        .nack(BasicNackOptions {
+            requeue: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let parked = h
+        .receive(h.names.parked.as_str(), 1, Duration::from_secs(10))
+        .await;
+    let reason = header_str(&parked[0].1, "x-park-reason").unwrap();
+    assert!(reason.contains("which no [[policy]] matches"), "{reason}");
+    h.cleanup().await;
+}
