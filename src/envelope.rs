@@ -12,6 +12,7 @@ use crate::contract::{
     integer, short_string,
 };
 use crate::park::ParkReason;
+use crate::retry::RETRY_HEADERS;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use std::collections::BTreeMap;
@@ -340,6 +341,53 @@ pub fn park(
     rebuild(p, Some(h), None, Some(PERSISTENT), *p.priority())
 }
 
+/// What replay publishes for a parked message: the sender's message again.
+/// Park and retry bookkeeping headers are removed (a replayed message starts
+/// with a fresh attempt count), the saved properties restored; every other
+/// header, the sender's `x-death` included, stays.
+pub fn unpark(p: &BasicProperties) -> BasicProperties {
+    let mut h = headers_of(p);
+    for k in [
+        PARK_REASON,
+        PARKED_AT,
+        TRANSIT_EXCHANGE,
+        TRANSIT_ROUTING_KEY,
+    ]
+    .into_iter()
+    .chain(RETRY_HEADERS)
+    {
+        h.remove(k);
+    }
+    match h.remove(SAVED_PROPERTIES) {
+        Some(AMQPValue::FieldTable(saved)) => {
+            let (expiration, delivery_mode, had_headers) = saved_values(&saved);
+            rebuild(
+                p,
+                had_headers.then_some(h),
+                expiration,
+                delivery_mode,
+                *p.priority(),
+            )
+        }
+        _ => rebuild(
+            p,
+            Some(h),
+            p.expiration().clone(),
+            *p.delivery_mode(),
+            *p.priority(),
+        ),
+    }
+}
+
+/// The destination a parked message recorded, when the router knew it.
+pub fn parked_destination(p: &BasicProperties) -> Option<Destination> {
+    let h = p.headers().as_ref()?;
+    Some(Destination {
+        exchange: short_string(h, TRANSIT_EXCHANGE).ok()??,
+        routing_key: short_string(h, TRANSIT_ROUTING_KEY).ok()??,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -523,6 +571,32 @@ mod tests {
         assert_eq!(
             read_transit(&BasicProperties::default()),
             Err(TransitError::Malformed(TRANSIT_EXCHANGE))
+        );
+    }
+
+    #[test]
+    fn unparking_gives_back_the_sender_message_without_bookkeeping() {
+        let original = sender_props();
+        let d = transit().destination;
+        let parked = park(&original, &ParkReason::MissingDelay, 42, Some(&d));
+        assert_eq!(parked_destination(&parked), Some(d));
+        assert_eq!(unpark(&parked), original);
+        let mut h = headers_of(&original);
+        h.insert(crate::retry::ATTEMPTS.into(), AMQPValue::LongLongInt(4));
+        let retried = rebuild(
+            &original,
+            Some(h),
+            original.expiration().clone(),
+            *original.delivery_mode(),
+            *original.priority(),
+        );
+        assert_eq!(
+            unpark(&park(&retried, &ParkReason::MissingDelay, 42, None)),
+            original
+        );
+        assert_eq!(
+            parked_destination(&park(&original, &ParkReason::MissingDelay, 42, None)),
+            None
         );
     }
 

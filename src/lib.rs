@@ -24,6 +24,7 @@
 //! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
 //! - [`stats`]: counters of placements, deliveries, holds and parks.
 //! - [`status`]: the `status` report.
+//! - [`parked`]: `parked list|replay|purge`.
 //! - [`shutdown`], [`cli`]: signals and the command line.
 
 pub mod broker;
@@ -35,6 +36,7 @@ pub mod envelope;
 pub mod janitor;
 pub mod ladder;
 pub mod park;
+pub mod parked;
 pub mod placement;
 pub mod retry;
 pub mod router;

@@ -14,6 +14,9 @@ pub const LAST_FAILURE: &str = "x-delay-router-last-failure";
 /// Out, on parked retries: the queue whose consumer rejected the message.
 pub const SOURCE_QUEUE: &str = "x-delay-router-source-queue";
 
+/// Every retry bookkeeping header; replay removes them for a fresh start.
+pub const RETRY_HEADERS: [&str; 4] = [ATTEMPTS, FIRST_FAILURE, LAST_FAILURE, SOURCE_QUEUE];
+
 /// One `[[policy]]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
