@@ -25,10 +25,12 @@
 //! - [`stats`]: counters of placements, deliveries, holds and parks.
 //! - [`status`]: the `status` report.
 //! - [`parked`]: `parked list|replay|purge`.
+//! - [`client`]: "retry this delivery in D" for consumers (the explicit path).
 //! - [`shutdown`], [`cli`]: signals and the command line.
 
 pub mod broker;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod contract;
 pub mod decision;
