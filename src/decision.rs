@@ -26,6 +26,27 @@ pub struct Plan {
     pub policies: Vec<Policy>,
 }
 
+/// A message the router will not place: parked with this reason, the
+/// destination when known, and the properties to park it with.
+#[derive(Debug)]
+struct Refusal {
+    reason: ParkReason,
+    destination: Option<Destination>,
+    properties: BasicProperties,
+}
+
+fn refuse(
+    reason: ParkReason,
+    destination: Option<Destination>,
+    p: &BasicProperties,
+) -> Box<Refusal> {
+    Box::new(Refusal {
+        reason,
+        destination,
+        properties: p.clone(),
+    })
+}
+
 /// What to do with one message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -92,22 +113,25 @@ impl Plan {
     ) -> Action {
         match self.admit(routing_key, p, now_ms, unit) {
             Ok((transit, p)) => self.schedule(&p, transit, now_ms, true),
-            Err((reason, destination, p)) => Action::Park {
-                properties: envelope::park(&p, &reason, now_ms, destination.as_ref()),
-                reason,
+            Err(r) => Action::Park {
+                properties: envelope::park(
+                    &r.properties,
+                    &r.reason,
+                    now_ms,
+                    r.destination.as_ref(),
+                ),
+                reason: r.reason,
             },
         }
     }
 
-    #[allow(clippy::type_complexity)]
     fn admit(
         &self,
         routing_key: &ShortString,
         p: &BasicProperties,
         now_ms: i64,
         unit: f64,
-    ) -> Result<(Transit, BasicProperties), (ParkReason, Option<Destination>, BasicProperties)>
-    {
+    ) -> Result<(Transit, BasicProperties), Box<Refusal>> {
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
         let explicit = headers.inner().get(REQUESTED_DELAY);
@@ -115,7 +139,7 @@ impl Plan {
             Ok(r) => r,
             // A sender's odd x-death does not matter when it says what it wants.
             Err(_) if explicit.is_some() => None,
-            Err(e) => return Err((ParkReason::InvalidDeath(e), None, p.clone())),
+            Err(e) => return Err(refuse(ParkReason::InvalidDeath(e), None, p)),
         };
         let (destination, p, policy_delay) = match rejection {
             Some(rejection) => {
@@ -124,11 +148,11 @@ impl Plan {
             }
             None => {
                 let destination = contract::requested_destination(headers, routing_key)
-                    .map_err(|e| (ParkReason::InvalidDestination(e), None, p.clone()))?;
+                    .map_err(|e| refuse(ParkReason::InvalidDestination(e), None, p))?;
                 (destination, count_attempt(p, now_ms), None)
             }
         };
-        let park = |reason| (reason, Some(destination.clone()), p.clone());
+        let park = |reason| refuse(reason, Some(destination.clone()), &p);
         if destination.exchange.as_str() == self.names.router_exchange.as_str() {
             return Err(park(ParkReason::DestinationIsRouter(
                 destination.exchange.to_string(),
@@ -160,7 +184,6 @@ impl Plan {
 
     /// The zero-code path: a message a work queue's consumer rejected goes back
     /// to exactly that queue, after its policy's delay, until the policy gives up.
-    #[allow(clippy::type_complexity)]
     fn retry(
         &self,
         rejection: &Rejection,
@@ -168,19 +191,13 @@ impl Plan {
         p: &BasicProperties,
         now_ms: i64,
         unit: f64,
-    ) -> Result<
-        (Destination, BasicProperties, Option<Duration>),
-        (ParkReason, Option<Destination>, BasicProperties),
-    > {
+    ) -> Result<(Destination, BasicProperties, Option<Duration>), Box<Refusal>> {
         let queue = ShortString::try_new(rejection.queue.as_str()).map_err(|_| {
-            (
-                ParkReason::InvalidDestination(contract::DestinationError::TooLong {
-                    header: "x-death queue",
-                    len: rejection.queue.len(),
-                }),
-                None,
-                p.clone(),
-            )
+            let too_long = contract::DestinationError::TooLong {
+                header: "x-death queue",
+                len: rejection.queue.len(),
+            };
+            refuse(ParkReason::InvalidDestination(too_long), None, p)
         })?;
         let destination = Destination {
             exchange: "".into(),
@@ -190,7 +207,7 @@ impl Plan {
         let p = record_failure(p, failures, now_ms, &rejection.queue);
         let policy = retry::find(&self.policies, &rejection.queue);
         match policy {
-            Some(policy) if policy.exhausted(failures) => Err((
+            Some(policy) if policy.exhausted(failures) => Err(refuse(
                 ParkReason::RetriesExhausted {
                     queue: rejection.queue.clone(),
                     policy: policy.queue.clone(),
@@ -198,14 +215,14 @@ impl Plan {
                     max: policy.max_attempts,
                 },
                 Some(destination),
-                p,
+                &p,
             )),
             Some(policy) => Ok((destination, p, Some(policy.delay(failures, unit)))),
             None if headers.contains_key(REQUESTED_DELAY) => Ok((destination, p, None)),
-            None => Err((
+            None => Err(refuse(
                 ParkReason::NoPolicy(rejection.queue.clone()),
                 Some(destination),
-                p,
+                &p,
             )),
         }
     }
@@ -286,6 +303,45 @@ impl Plan {
             reason,
         }
     }
+}
+
+/// Failures counted so far by the router's own header.
+fn attempts(headers: &FieldTable) -> u32 {
+    contract::integer(headers, ATTEMPTS)
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// Records failure number `failures` on the message itself: these headers stay
+/// on delivery, so the next rejection counts on from them.
+fn record_failure(p: &BasicProperties, failures: u32, now_ms: i64, queue: &str) -> BasicProperties {
+    let mut h = p.headers().clone().unwrap_or_default();
+    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
+    if contract::integer(&h, FIRST_FAILURE).is_none() {
+        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    }
+    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    h.insert(SOURCE_QUEUE.into(), AMQPValue::LongString(queue.into()));
+    p.clone().with_headers(h)
+}
+
+/// The explicit path counts a retry when the message carries the attempts
+/// header (the client API sets it); plain delayed messages stay untouched.
+fn count_attempt(p: &BasicProperties, now_ms: i64) -> BasicProperties {
+    let Some(h) = p.headers() else {
+        return p.clone();
+    };
+    if !h.contains_key(ATTEMPTS) {
+        return p.clone();
+    }
+    let failures = attempts(h).saturating_add(1);
+    let mut h = h.clone();
+    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
+    if contract::integer(&h, FIRST_FAILURE).is_none() {
+        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    }
+    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
+    p.clone().with_headers(h)
 }
 
 #[cfg(test)]
@@ -657,43 +713,4 @@ mod tests {
             }
         ));
     }
-}
-
-/// Failures counted so far by the router's own header.
-fn attempts(headers: &FieldTable) -> u32 {
-    contract::integer(headers, ATTEMPTS)
-        .and_then(|n| u32::try_from(n).ok())
-        .unwrap_or(0)
-}
-
-/// Records failure number `failures` on the message itself: these headers stay
-/// on delivery, so the next rejection counts on from them.
-fn record_failure(p: &BasicProperties, failures: u32, now_ms: i64, queue: &str) -> BasicProperties {
-    let mut h = p.headers().clone().unwrap_or_default();
-    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
-    if contract::integer(&h, FIRST_FAILURE).is_none() {
-        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    }
-    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    h.insert(SOURCE_QUEUE.into(), AMQPValue::LongString(queue.into()));
-    p.clone().with_headers(h)
-}
-
-/// The explicit path counts a retry when the message carries the attempts
-/// header (the client API sets it); plain delayed messages stay untouched.
-fn count_attempt(p: &BasicProperties, now_ms: i64) -> BasicProperties {
-    let Some(h) = p.headers() else {
-        return p.clone();
-    };
-    if !h.contains_key(ATTEMPTS) {
-        return p.clone();
-    }
-    let failures = attempts(h).saturating_add(1);
-    let mut h = h.clone();
-    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
-    if contract::integer(&h, FIRST_FAILURE).is_none() {
-        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    }
-    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    p.clone().with_headers(h)
 }
