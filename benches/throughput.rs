@@ -143,7 +143,7 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
     let config = Config::from_toml(&text).unwrap();
     let plan = Plan::new(&config.ladder, config.strategy, &prefix, "guest");
     let names = plan.names.clone();
-    broker::declare(conn, &names, &plan.bucket_queues())
+    broker::declare(conn, &names, plan.queue_type, &plan.bucket_queues())
         .await
         .unwrap();
     let ch = conn.create_channel().await.unwrap();

@@ -2,7 +2,7 @@
 //! Every await that talks to RabbitMQ has a timeout from here.
 
 use crate::config::{AmqpUrl, redact_text};
-use crate::topology::{self, Names};
+use crate::topology::{self, Names, QueueType};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -158,17 +158,24 @@ async fn bind(
 pub async fn declare(
     conn: &Connection,
     names: &Names,
+    queue_type: QueueType,
     buckets: &[(ShortString, FieldTable)],
 ) -> Result<(), BrokerError> {
+    let plain = topology::queue_arguments(queue_type);
     let ch = channel(conn).await?;
     declare_exchange(&ch, &names.router_exchange, ExchangeKind::Fanout).await?;
     declare_exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout).await?;
-    declare_queue(&ch, &names.parked, FieldTable::default()).await?;
-    declare_queue(&ch, &names.ingress, topology::ingress_arguments(names)).await?;
+    declare_queue(&ch, &names.parked, plain.clone()).await?;
+    declare_queue(
+        &ch,
+        &names.ingress,
+        topology::ingress_arguments(names, queue_type),
+    )
+    .await?;
     bind(&ch, &names.ingress, &names.router_exchange).await?;
-    declare_queue(&ch, &names.expired, FieldTable::default()).await?;
+    declare_queue(&ch, &names.expired, plain.clone()).await?;
     bind(&ch, &names.expired, &names.expired_exchange).await?;
-    declare_queue(&ch, &names.state, FieldTable::default()).await?;
+    declare_queue(&ch, &names.state, plain).await?;
     for (queue, args) in buckets {
         declare_queue(&ch, queue, args.clone()).await?;
     }

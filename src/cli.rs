@@ -84,14 +84,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Declare(arg) => {
             let config = load(&arg)?;
             let conn = broker::connect(&config.url, "delay-router declare").await?;
-            let plan = crate::decision::Plan::new(
-                &config.ladder,
-                config.strategy,
-                &config.prefix,
-                config.url.username(),
-            );
+            let plan = crate::decision::Plan::from_config(&config);
             let names = &plan.names;
-            broker::declare(&conn, names, &plan.bucket_queues()).await?;
+            broker::declare(&conn, names, plan.queue_type, &plan.bucket_queues()).await?;
             let _ = broker::timed(
                 "connection.close",
                 broker::RPC_TIMEOUT,

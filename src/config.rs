@@ -4,7 +4,7 @@
 use crate::ladder::{Ladder, LadderError, parse_rung};
 use crate::placement::Strategy;
 use crate::retry::Policy;
-use crate::topology::MAX_PREFIX_LEN;
+use crate::topology::{MAX_PREFIX_LEN, QueueType};
 use crate::window::parse_bytes;
 use lapin::uri::AMQPUri;
 use serde::Deserialize;
@@ -57,6 +57,7 @@ struct RawAmqp {
 #[serde(deny_unknown_fields)]
 struct RawTopology {
     prefix: Option<String>,
+    queue_type: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -152,6 +153,7 @@ pub struct Config {
     pub inflight_bytes: u64,
     pub prefix: String,
     pub strategy: Strategy,
+    pub queue_type: QueueType,
     pub ladder: Ladder,
     /// Retry policies, first match wins.
     pub policies: Vec<Policy>,
@@ -250,6 +252,20 @@ impl Config {
         let strategy = strategy_raw
             .parse::<Strategy>()
             .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
+        let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "classic".into());
+        let queue_type = queue_type_raw
+            .parse::<QueueType>()
+            .map_err(|m| invalid("topology.queue_type", &queue_type_raw, m))?;
+        if queue_type == QueueType::Quorum && strategy == Strategy::Priority {
+            return Err(invalid(
+                "placement.strategy",
+                "priority",
+                "cannot be used with topology.queue_type = \"quorum\": quorum queues refuse \
+                 x-max-priority before RabbitMQ 4.0, and before 4.3 do not expire every priority level; \
+                 use cascade"
+                    .into(),
+            ));
+        }
         let rungs = raw
             .bucket
             .iter()
@@ -271,6 +287,7 @@ impl Config {
             inflight_bytes,
             prefix,
             strategy,
+            queue_type,
             ladder,
             policies,
         })
@@ -414,6 +431,15 @@ mod tests {
         assert!(e.starts_with("amqp.inflight_bytes = \"lots\""), "{e}");
         let e = err("[amqp]\nprefetch = \"0\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
+        let e = err("[topology]\nqueue_type = \"mirrored\"\n[[bucket]]\nttl = \"1s\"");
+        assert!(e.starts_with("topology.queue_type = \"mirrored\""), "{e}");
+        let e = err(
+            "[topology]\nqueue_type = \"quorum\"\n[placement]\nstrategy = \"priority\"\n[[bucket]]\nttl = \"1s\"",
+        );
+        assert!(
+            e.contains("cannot be used with topology.queue_type = \"quorum\""),
+            "{e}"
+        );
         let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
         assert!(e.contains("stratgy"), "{e}");
     }

@@ -7,7 +7,7 @@ use crate::ladder::Ladder;
 use crate::park::ParkReason;
 use crate::placement::{self, Placement, Strategy};
 use crate::retry::{self, ATTEMPTS, FIRST_FAILURE, LAST_FAILURE, Policy, Rejection, SOURCE_QUEUE};
-use crate::topology::Names;
+use crate::topology::{Names, QueueType};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use lapin::types::{FieldTable, ShortString};
@@ -24,6 +24,8 @@ pub struct Plan {
     pub router_user: String,
     /// Retry policies for rejected messages, first match wins.
     pub policies: Vec<Policy>,
+    /// Classic or quorum queues.
+    pub queue_type: QueueType,
 }
 
 /// A message the router will not place: parked with this reason, the
@@ -79,7 +81,26 @@ impl Plan {
             names: Names::new(prefix),
             router_user: router_user.to_owned(),
             policies: Vec::new(),
+            queue_type: QueueType::Classic,
         }
+    }
+
+    /// The same plan declaring queues of `queue_type`.
+    pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// The plan a configuration describes.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self::new(
+            &config.ladder,
+            config.strategy,
+            &config.prefix,
+            config.url.username(),
+        )
+        .with_policies(config.policies.clone())
+        .with_queue_type(config.queue_type)
     }
 
     /// The same plan with retry policies.
@@ -95,7 +116,12 @@ impl Plan {
             .map(|(q, rung)| {
                 (
                     q,
-                    crate::topology::bucket_arguments(&self.names, self.strategy, rung),
+                    crate::topology::bucket_arguments(
+                        &self.names,
+                        self.strategy,
+                        self.queue_type,
+                        rung,
+                    ),
                 )
             })
             .collect()
@@ -204,7 +230,7 @@ impl Plan {
             routing_key: queue,
         };
         let failures = attempts(headers).saturating_add(1);
-        let p = record_failure(p, failures, now_ms, &rejection.queue);
+        let p = record_failure(p, failures, now_ms, Some(&rejection.queue));
         let policy = retry::find(&self.policies, &rejection.queue);
         match policy {
             Some(policy) if policy.exhausted(failures) => Err(refuse(
@@ -313,35 +339,34 @@ fn attempts(headers: &FieldTable) -> u32 {
 }
 
 /// Records failure number `failures` on the message itself: these headers stay
-/// on delivery, so the next rejection counts on from them.
-fn record_failure(p: &BasicProperties, failures: u32, now_ms: i64, queue: &str) -> BasicProperties {
+/// on delivery, so the next failure counts on from them.
+fn record_failure(
+    p: &BasicProperties,
+    failures: u32,
+    now_ms: i64,
+    queue: Option<&str>,
+) -> BasicProperties {
     let mut h = p.headers().clone().unwrap_or_default();
     h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
     if contract::integer(&h, FIRST_FAILURE).is_none() {
         h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
     }
     h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    h.insert(SOURCE_QUEUE.into(), AMQPValue::LongString(queue.into()));
+    if let Some(queue) = queue {
+        h.insert(SOURCE_QUEUE.into(), AMQPValue::LongString(queue.into()));
+    }
     p.clone().with_headers(h)
 }
 
 /// The explicit path counts a retry when the message carries the attempts
 /// header (the client API sets it); plain delayed messages stay untouched.
 fn count_attempt(p: &BasicProperties, now_ms: i64) -> BasicProperties {
-    let Some(h) = p.headers() else {
-        return p.clone();
-    };
-    if !h.contains_key(ATTEMPTS) {
-        return p.clone();
+    match p.headers() {
+        Some(h) if h.contains_key(ATTEMPTS) => {
+            record_failure(p, attempts(h).saturating_add(1), now_ms, None)
+        }
+        _ => p.clone(),
     }
-    let failures = attempts(h).saturating_add(1);
-    let mut h = h.clone();
-    h.insert(ATTEMPTS.into(), AMQPValue::LongLongInt(i64::from(failures)));
-    if contract::integer(&h, FIRST_FAILURE).is_none() {
-        h.insert(FIRST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    }
-    h.insert(LAST_FAILURE.into(), AMQPValue::LongLongInt(now_ms));
-    p.clone().with_headers(h)
 }
 
 #[cfg(test)]

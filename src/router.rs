@@ -107,15 +107,7 @@ pub async fn run_with_stats(
     shutdown: impl Future<Output = ()>,
     stats: Arc<Stats>,
 ) -> Result<(), RouterError> {
-    let plan = Arc::new(
-        Plan::new(
-            &config.ladder,
-            config.strategy,
-            &config.prefix,
-            config.url.username(),
-        )
-        .with_policies(config.policies.clone()),
-    );
+    let plan = Arc::new(Plan::from_config(&config));
     if plan.strategy == Strategy::Priority {
         warn!("{PRIORITY_WARNING}");
     }
@@ -236,8 +228,17 @@ async fn session(
     stats: &Arc<Stats>,
     stop: &CancellationToken,
 ) -> Result<(), SessionError> {
-    let conn = broker::connect(&config.url, "delay-router consume").await?;
-    let publish_conn = match broker::connect(&config.url, "delay-router publish").await {
+    let conn = broker::connect(
+        &config.url,
+        &format!("delay-router consume {}", config.prefix),
+    )
+    .await?;
+    let publish_conn = match broker::connect(
+        &config.url,
+        &format!("delay-router publish {}", config.prefix),
+    )
+    .await
+    {
         Ok(c) => Arc::new(c),
         Err(e) => {
             let _ = timed(
@@ -252,7 +253,7 @@ async fn session(
     info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
     let buckets = plan.bucket_queues();
     let current: Vec<ShortString> = buckets.iter().map(|(q, _)| q.clone()).collect();
-    let declared = match broker::declare(&conn, &plan.names, &buckets).await {
+    let declared = match broker::declare(&conn, &plan.names, plan.queue_type, &buckets).await {
         Ok(()) => janitor::record(&conn, &plan.names, &current).await,
         Err(e) => Err(e),
     };

@@ -18,7 +18,7 @@ pub struct QueueStatus {
 /// Reads the depth of every queue the configuration names.
 pub async fn collect(config: &Config) -> Result<Vec<QueueStatus>, BrokerError> {
     let conn = broker::connect(&config.url, "delay-router status").await?;
-    let plan = Plan::new(&config.ladder, config.strategy, &config.prefix, "");
+    let plan = Plan::from_config(config);
     let names = &plan.names;
     let mut queues: Vec<(String, ShortString)> = names
         .buckets(plan.strategy, &plan.ladder)

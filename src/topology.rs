@@ -65,8 +65,24 @@ impl Names {
 }
 
 /// Arguments of a bucket queue: its TTL and the dead-letter exchange leading to the router.
-pub fn bucket_arguments(names: &Names, strategy: Strategy, rung: &Rung) -> FieldTable {
-    let mut args = FieldTable::default();
+pub fn bucket_arguments(
+    names: &Names,
+    strategy: Strategy,
+    queue_type: QueueType,
+    rung: &Rung,
+) -> FieldTable {
+    let mut args = queue_arguments(queue_type);
+    if queue_type == QueueType::Quorum {
+        // The broker retries dead-lettering until the target confirms.
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+    }
     if strategy == Strategy::Priority {
         args.insert(
             "x-max-priority".into(),
@@ -85,9 +101,53 @@ pub fn bucket_arguments(names: &Names, strategy: Strategy, rung: &Rung) -> Field
     args
 }
 
-/// Arguments of the ingress queue: what expires or is rejected there is parked, not dropped.
-pub fn ingress_arguments(names: &Names) -> FieldTable {
+/// The kind of queue every router queue is declared as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    /// Classic queues: a bucket dead-letters at most once.
+    #[default]
+    Classic,
+    /// Replicated quorum queues; buckets dead-letter at least once.
+    Quorum,
+}
+
+impl std::str::FromStr for QueueType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "classic" => Ok(Self::Classic),
+            "quorum" => Ok(Self::Quorum),
+            other => Err(format!(
+                "unknown queue type \"{other}\"; expected classic or quorum"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for QueueType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        })
+    }
+}
+
+/// Arguments every router queue of this type carries.
+pub fn queue_arguments(queue_type: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
+    if queue_type == QueueType::Quorum {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
+    args
+}
+
+/// Arguments of the ingress queue: what expires or is rejected there is parked, not dropped.
+pub fn ingress_arguments(names: &Names, queue_type: QueueType) -> FieldTable {
+    let mut args = queue_arguments(queue_type);
     args.insert(
         "x-dead-letter-exchange".into(),
         AMQPValue::LongString("".into()),
@@ -155,6 +215,24 @@ mod tests {
     }
 
     #[test]
+    fn quorum_buckets_dead_letter_at_least_once() {
+        let names = Names::new("p");
+        let rung = &Ladder::from_labels(&["1s"]).unwrap().rungs()[0].clone();
+        let args = bucket_arguments(&names, Strategy::Cascade, QueueType::Quorum, rung);
+        for key in [
+            "x-queue-type",
+            "x-dead-letter-strategy",
+            "x-overflow",
+            "x-message-ttl",
+            "x-dead-letter-exchange",
+        ] {
+            assert!(args.contains_key(key), "{key}");
+        }
+        assert!(ingress_arguments(&names, QueueType::Quorum).contains_key("x-queue-type"));
+        assert!(!ingress_arguments(&names, QueueType::Classic).contains_key("x-queue-type"));
+    }
+
+    #[test]
     fn priority_buckets_have_their_own_names_and_max_priority() {
         let names = Names::new("p");
         let rung = &Ladder::from_labels(&["1s"]).unwrap().rungs()[0].clone();
@@ -166,7 +244,13 @@ mod tests {
             names.bucket(Strategy::Cascade, rung).as_str(),
             "p.bucket.1s"
         );
-        assert!(bucket_arguments(&names, Strategy::Priority, rung).contains_key("x-max-priority"));
-        assert!(!bucket_arguments(&names, Strategy::RoundUp, rung).contains_key("x-max-priority"));
+        assert!(
+            bucket_arguments(&names, Strategy::Priority, QueueType::Classic, rung)
+                .contains_key("x-max-priority")
+        );
+        assert!(
+            !bucket_arguments(&names, Strategy::RoundUp, QueueType::Classic, rung)
+                .contains_key("x-max-priority")
+        );
     }
 }

@@ -4,7 +4,6 @@ mod common;
 use common::*;
 use lapin::BasicProperties;
 use lapin::options::*;
-use lapin::types::FieldTable;
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -77,16 +76,7 @@ async fn list_replay_and_purge_the_park() {
     h.start_router().await;
     let parked = h.names.parked.to_string();
     // Three retries that give up at once, from a work queue.
-    let work = format!("{}.work", h.prefix);
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-dead-letter-exchange".into(),
-        s(h.names.router_exchange.as_str()),
-    );
-    h.ch.queue_declare(work.as_str().into(), QueueDeclareOptions::durable(), args)
-        .await
-        .unwrap();
-    h.track_queue(&work);
+    let work = h.work_queue().await;
     for i in 0..3 {
         h.ch.basic_publish(
             "".into(),

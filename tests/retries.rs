@@ -22,17 +22,8 @@ fn int(d: &lapin::message::Delivery, key: &str) -> Option<i64> {
 
 /// A work queue bound to `exchange` with `key`, dead-lettering to the router.
 async fn work_queue(h: &mut Harness, exchange: &str, key: &str) -> String {
-    let name = format!("{}.work", h.prefix);
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-dead-letter-exchange".into(),
-        s(h.names.router_exchange.as_str()),
-    );
-    h.ch.queue_declare(name.as_str().into(), QueueDeclareOptions::durable(), args)
-        .await
-        .unwrap();
+    let name = h.work_queue().await;
     h.bind(&name, exchange, key).await;
-    h.track_queue(&name);
     name
 }
 

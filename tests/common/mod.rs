@@ -33,7 +33,17 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
     } else {
         format!("[amqp]\nurl = \"{}\"\n", url())
     };
-    let mut t = format!("{amqp}[topology]\nprefix = \"{prefix}\"\n{extra}\n");
+    // `extra` may open its own [topology] table; the prefix goes into it.
+    let mut t = if extra.contains("[topology]") {
+        let extra = extra.replacen(
+            "[topology]",
+            &format!("[topology]\nprefix = \"{prefix}\""),
+            1,
+        );
+        format!("{amqp}{extra}\n")
+    } else {
+        format!("{amqp}[topology]\nprefix = \"{prefix}\"\n{extra}\n")
+    };
     for rung in ladder {
         t.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
     }
@@ -158,6 +168,23 @@ impl Harness {
         name
     }
 
+    /// `<prefix>.work`: a work queue whose dead-letter exchange is the router's,
+    /// the whole setup of zero-code retries.
+    pub async fn work_queue(&mut self) -> String {
+        let name = format!("{}.work", self.prefix);
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            s(self.names.router_exchange.as_str()),
+        );
+        self.ch
+            .queue_declare(name.as_str().into(), QueueDeclareOptions::durable(), args)
+            .await
+            .unwrap();
+        self.track_queue(&name);
+        name
+    }
+
     /// Deletes `queue` with the rest at cleanup.
     pub fn track_queue(&mut self, queue: &str) {
         self.queues.push(queue.to_owned());
@@ -248,6 +275,43 @@ impl Harness {
         }
         let _ = ch.close(200, "done".into()).await;
         out
+    }
+
+    /// Receives from `queue` until `n` distinct message-ids have arrived (at
+    /// least once: duplicates are counted, not fatal); returns the duplicates.
+    pub async fn receive_distinct(&self, queue: &str, n: usize, within: Duration) -> usize {
+        let ch = self.conn.create_channel().await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                queue.into(),
+                format!("test-{}", rand::random::<u32>()).as_str().into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut duplicates = 0;
+        let deadline = tokio::time::Instant::now() + within;
+        while seen.len() < n {
+            match tokio::time::timeout_at(deadline, consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    if !seen.insert(id(&d)) {
+                        duplicates += 1;
+                    }
+                }
+                Ok(other) => panic!("consumer ended: {other:?}"),
+                Err(_) => panic!(
+                    "{} of {n} distinct messages from {queue} within {within:?} (lost?)",
+                    seen.len()
+                ),
+            }
+        }
+        let _ = ch.close(200, "done".into()).await;
+        duplicates
     }
 
     /// A queue's state by passive declare; `None` when it does not exist.
