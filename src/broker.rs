@@ -188,9 +188,19 @@ pub async fn declare(
     Ok(())
 }
 
-/// Depth of a queue by passive declare: `None` when it does not exist.
-/// A missing queue closes the channel, so each probe gets its own.
-pub async fn depth(conn: &Connection, queue: &ShortString) -> Result<Option<u32>, BrokerError> {
+/// Ready messages and consumers of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueInfo {
+    pub messages: u32,
+    pub consumers: u32,
+}
+
+/// A queue's depth and consumers by passive declare: `None` when it does not
+/// exist. A missing queue closes the channel, so each probe gets its own.
+pub async fn queue_info(
+    conn: &Connection,
+    queue: &ShortString,
+) -> Result<Option<QueueInfo>, BrokerError> {
     let ch = channel(conn).await?;
     let opts = QueueDeclareOptions {
         passive: true,
@@ -205,11 +215,19 @@ pub async fn depth(conn: &Connection, queue: &ShortString) -> Result<Option<u32>
     match result {
         Ok(q) => {
             let _ = timed("channel.close", RPC_TIMEOUT, ch.close(200, "ok".into())).await;
-            Ok(Some(q.message_count()))
+            Ok(Some(QueueInfo {
+                messages: q.message_count(),
+                consumers: q.consumer_count(),
+            }))
         }
         Err(BrokerError::Amqp { message, .. }) if message.contains("NOT_FOUND") => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Ready messages in a queue: `None` when it does not exist.
+pub async fn depth(conn: &Connection, queue: &ShortString) -> Result<Option<u32>, BrokerError> {
+    Ok(queue_info(conn, queue).await?.map(|i| i.messages))
 }
 
 /// Whether an exchange exists, by passive declare on a throwaway channel.

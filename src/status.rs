@@ -11,8 +11,8 @@ use std::fmt::Write;
 pub struct QueueStatus {
     pub role: String,
     pub queue: String,
-    /// Messages ready in the queue; `None` when the queue does not exist.
-    pub messages: Option<u32>,
+    /// Messages ready and consumers; `None` when the queue does not exist.
+    pub info: Option<broker::QueueInfo>,
 }
 
 /// Reads the depth of every queue the configuration names.
@@ -29,11 +29,11 @@ pub async fn collect(config: &Config) -> Result<Vec<QueueStatus>, BrokerError> {
     queues.push(("parked".into(), names.parked.clone()));
     let mut out = Vec::with_capacity(queues.len());
     for (role, queue) in queues {
-        let messages = broker::depth(&conn, &queue).await?;
+        let info = broker::queue_info(&conn, &queue).await?;
         out.push(QueueStatus {
             role,
             queue: queue.to_string(),
-            messages,
+            info,
         });
     }
     let _ = timed(
@@ -50,13 +50,33 @@ pub fn render(config: &Config, rows: &[QueueStatus]) -> String {
     let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0);
     let role_width = rows.iter().map(|r| r.role.len()).max().unwrap_or(0);
     let mut s = String::new();
-    let _ = writeln!(s, "broker {}  strategy {}", config.url, config.strategy);
+    let _ = writeln!(
+        s,
+        "broker {}  strategy {}  queues {}",
+        config.url, config.strategy, config.queue_type
+    );
+    let _ = writeln!(s, "router {}", router_state(rows));
     for r in rows {
-        let count = r.messages.map_or_else(
+        let count = r.info.map_or_else(
             || "missing (run `delay-router declare`)".to_owned(),
-            |n| n.to_string(),
+            |i| i.messages.to_string(),
         );
         let _ = writeln!(s, "{:<role_width$}  {:<width$}  {}", r.role, r.queue, count);
     }
     s
+}
+
+/// Whether a router consumes this prefix: the ingress and expired queues' consumers.
+pub fn router_state(rows: &[QueueStatus]) -> String {
+    let consumers = |role: &str| {
+        rows.iter()
+            .find(|r| r.role == role)
+            .and_then(|r| r.info)
+            .map_or(0, |i| i.consumers)
+    };
+    match (consumers("ingress"), consumers("expired")) {
+        (0, 0) => "not running: nothing consumes ingress or expired".to_owned(),
+        (i, e) if i == e => format!("running: {i} router(s) consuming"),
+        (i, e) => format!("partly running: {i} consumer(s) on ingress, {e} on expired"),
+    }
 }

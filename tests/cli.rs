@@ -71,6 +71,7 @@ async fn declare_twice_is_idempotent_and_status_lists_every_queue() {
         "one message waits in ingress: {text}"
     );
     assert!(!text.contains(":guest@"), "no password in status: {text}");
+    assert!(text.contains("router not running"), "{text}");
     std::fs::remove_file(path).unwrap();
     h.cleanup().await;
 }
@@ -176,6 +177,12 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
     let dest = h.queue("dest").await;
     let path = write_config(&h.prefix, &["1s", "2s"], "");
     let mut child = spawn_run(&h, &path).await;
+    let status = cli(&["status"], &path);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("router running: 1 router(s) consuming"),
+        "{text}"
+    );
     for i in 0..N {
         let props = to_queue(&dest, AMQPValue::LongInt(((i % 3) * 700) as i32))
             .with_message_id(i.to_string().into());
