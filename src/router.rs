@@ -269,18 +269,14 @@ async fn session(
     let fault = Fault::default();
     let exchanges = Arc::new(DashMap::new());
     let mut pipelines = Vec::new();
+    // Drains and removes buckets no longer in use while the session lives.
+    let halt = CancellationToken::new();
     let janitor = {
-        let (conn, plan, stop, fault) = (conn.clone(), plan.clone(), stop.clone(), fault.clone());
+        let (conn, plan, halt) = (conn.clone(), plan.clone(), halt.clone());
         tokio::spawn(
             async move {
-                let stop = stop.child_token();
-                let either = CancellationToken::new();
-                let sweep = janitor::sweep(&conn, &plan.names, &current, stale, either.clone());
-                tokio::pin!(sweep);
-                tokio::select! {
-                    r = &mut sweep => if let Err(e) = r { warn!(error = %e, "stale bucket sweep stopped; it resumes on the next start") },
-                    () = stop.cancelled() => either.cancel(),
-                    () = fault.token.cancelled() => either.cancel(),
+                if let Err(e) = janitor::sweep(&conn, &plan.names, &current, stale, halt).await {
+                    warn!(error = %e, "stale bucket sweep stopped; it resumes on the next start");
                 }
             }
             .instrument(info_span!("janitor")),
@@ -322,6 +318,7 @@ async fn session(
             }
         }
     }
+    halt.cancel();
     let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
     if result.is_ok() && fault.token.is_cancelled() {
         result = Err(SessionError::Transient(fault.message()));
