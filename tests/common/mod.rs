@@ -248,19 +248,7 @@ impl Harness {
         n: usize,
         within: Duration,
     ) -> Vec<(Instant, Delivery)> {
-        let ch = self.conn.create_channel().await.unwrap();
-        let mut consumer = ch
-            .basic_consume(
-                queue.into(),
-                format!("test-{}", rand::random::<u32>()).as_str().into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (ch, mut consumer) = self.auto_ack_consumer(queue).await;
         let mut out = Vec::new();
         let deadline = tokio::time::Instant::now() + within;
         while out.len() < n {
@@ -277,22 +265,30 @@ impl Harness {
         out
     }
 
-    /// Receives from `queue` until `n` distinct message-ids have arrived (at
-    /// least once: duplicates are counted, not fatal); returns the duplicates.
-    pub async fn receive_distinct(&self, queue: &str, n: usize, within: Duration) -> usize {
+    /// A consumer on its own channel that acks on delivery.
+    async fn auto_ack_consumer(&self, queue: &str) -> (Channel, lapin::Consumer) {
         let ch = self.conn.create_channel().await.unwrap();
-        let mut consumer = ch
+        let opts = BasicConsumeOptions {
+            no_ack: true,
+            ..Default::default()
+        };
+        let tag = format!("test-{}", rand::random::<u32>());
+        let consumer = ch
             .basic_consume(
                 queue.into(),
-                format!("test-{}", rand::random::<u32>()).as_str().into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
+                tag.as_str().into(),
+                opts,
                 FieldTable::default(),
             )
             .await
             .unwrap();
+        (ch, consumer)
+    }
+
+    /// Receives from `queue` until `n` distinct message-ids have arrived (at
+    /// least once: duplicates are counted, not fatal); returns the duplicates.
+    pub async fn receive_distinct(&self, queue: &str, n: usize, within: Duration) -> usize {
+        let (ch, mut consumer) = self.auto_ack_consumer(queue).await;
         let mut seen = std::collections::BTreeSet::new();
         let mut duplicates = 0;
         let deadline = tokio::time::Instant::now() + within;
