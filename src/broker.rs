@@ -1,9 +1,10 @@
 //! Broker: connecting, declaring the topology and reading queue depths.
 //! Every await that talks to RabbitMQ has a timeout from here.
 
-use crate::config::{AmqpUrl, redact_text};
+use crate::config::{AmqpUrl, CaFile, redact_text};
 use crate::topology::{self, Names, QueueType};
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use std::future::Future;
@@ -62,9 +63,22 @@ pub async fn timed<T>(
 }
 
 /// Opens a connection named after the router, with a timeout.
-pub async fn connect(url: &AmqpUrl, name: &str) -> Result<Connection, BrokerError> {
+pub async fn connect(
+    url: &AmqpUrl,
+    ca_file: Option<&CaFile>,
+    name: &str,
+) -> Result<Connection, BrokerError> {
     let props = ConnectionProperties::default().with_connection_name(name.into());
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url.expose(), props)).await {
+    let tls = OwnedTLSConfig {
+        identity: None,
+        cert_chain: ca_file.map(|ca| ca.pem.clone()),
+    };
+    let runtime = lapin::runtime::default_runtime().map_err(|e| BrokerError::Connect {
+        url: url.to_string(),
+        message: e.to_string(),
+    })?;
+    let connecting = Connection::connect_with_config(url.expose(), props, tls, runtime);
+    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(BrokerError::Connect {
             url: url.to_string(),

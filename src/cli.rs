@@ -83,7 +83,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Declare(arg) => {
             let config = load(&arg)?;
-            let conn = broker::connect(&config.url, "delay-router declare").await?;
+            let conn =
+                broker::connect(&config.url, config.ca_file.as_ref(), "delay-router declare")
+                    .await?;
             let plan = crate::decision::Plan::from_config(&config);
             let names = &plan.names;
             broker::declare(&conn, names, plan.queue_type, &plan.bucket_queues()).await?;
@@ -121,7 +123,7 @@ async fn parked(cmd: ParkedCommand) -> anyhow::Result<()> {
     };
     let config = load(arg)?;
     let names = crate::topology::Names::new(&config.prefix);
-    let conn = broker::connect(&config.url, "delay-router parked").await?;
+    let conn = broker::connect(&config.url, config.ca_file.as_ref(), "delay-router parked").await?;
     let result = match cmd {
         ParkedCommand::List { limit, .. } => {
             let rows = crate::parked::list(&conn, &names, limit).await?;

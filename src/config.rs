@@ -51,6 +51,7 @@ struct RawAmqp {
     url: Option<String>,
     prefetch: Option<String>,
     inflight_bytes: Option<String>,
+    ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -58,6 +59,7 @@ struct RawAmqp {
 struct RawTopology {
     prefix: Option<String>,
     queue_type: Option<String>,
+    check_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +110,10 @@ impl AmqpUrl {
     pub fn expose(&self) -> &str {
         &self.raw
     }
+    /// Whether the URL asks for TLS (`amqps://`).
+    pub fn is_tls(&self) -> bool {
+        self.uri.scheme == lapin::uri::AMQPScheme::AMQPS
+    }
     /// The user name the router authenticates as.
     pub fn username(&self) -> &str {
         &self.uri.authority.userinfo.username
@@ -145,10 +151,44 @@ pub fn redact(raw: &str) -> String {
     }
 }
 
+/// A CA certificate (PEM) trusted for `amqps://`, besides the system's roots.
+#[derive(Clone)]
+pub struct CaFile {
+    pub path: String,
+    pub pem: String,
+}
+
+impl fmt::Debug for CaFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaFile({})", self.path)
+    }
+}
+
+impl CaFile {
+    /// Reads and checks a PEM file of certificates.
+    pub fn read(path: &str) -> Result<Self, String> {
+        let pem = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err("expected PEM certificates (-----BEGIN CERTIFICATE-----)".into());
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            pem,
+        })
+    }
+}
+
+/// Default period of the topology check (passive declares, repair on drift).
+pub const DEFAULT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub url: AmqpUrl,
+    /// Extra CA certificates trusted for `amqps://`.
+    pub ca_file: Option<CaFile>,
+    /// How often the router checks its topology and repairs what is missing.
+    pub check_interval: std::time::Duration,
     pub prefetch: u16,
     pub inflight_bytes: u64,
     pub prefix: String,
@@ -235,6 +275,30 @@ impl Config {
             None => DEFAULT_INFLIGHT_BYTES,
             Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
         };
+        let ca_file = match raw.amqp.ca_file {
+            None => None,
+            Some(path) if !url.is_tls() => {
+                return Err(invalid(
+                    "amqp.ca_file",
+                    &path,
+                    "a CA file is for TLS: amqp.url must start with amqps://".into(),
+                ));
+            }
+            Some(path) => Some(CaFile::read(&path).map_err(|m| invalid("amqp.ca_file", &path, m))?),
+        };
+        let check_interval = match raw.topology.check_interval {
+            None => DEFAULT_CHECK_INTERVAL,
+            Some(v) => humantime::parse_duration(v.trim())
+                .ok()
+                .filter(|d| *d >= std::time::Duration::from_millis(100))
+                .ok_or_else(|| {
+                    invalid(
+                        "topology.check_interval",
+                        &v,
+                        "expected a duration of at least 100ms, such as \"5s\"".into(),
+                    )
+                })?,
+        };
         let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
         if prefix.is_empty()
             || prefix.len() > MAX_PREFIX_LEN
@@ -283,6 +347,8 @@ impl Config {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             url,
+            ca_file,
+            check_interval,
             prefetch,
             inflight_bytes,
             prefix,

@@ -8,6 +8,7 @@ use crate::park::ParkReason;
 use crate::placement::{self, Placement, Strategy};
 use crate::retry::{self, ATTEMPTS, FIRST_FAILURE, LAST_FAILURE, Policy, Rejection, SOURCE_QUEUE};
 use crate::topology::{Names, QueueType};
+use crate::wire;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use lapin::types::{FieldTable, ShortString};
@@ -125,6 +126,16 @@ impl Plan {
                 )
             })
             .collect()
+    }
+
+    /// A delivery from the router's own queues as the router should see it:
+    /// quorum queues add `x-delivery-count` when they redeliver, which is
+    /// removed (`None`: nothing to change).
+    pub fn received(&self, p: &BasicProperties) -> Option<BasicProperties> {
+        match self.queue_type {
+            QueueType::Quorum => envelope::without_delivery_count(p),
+            QueueType::Classic => None,
+        }
     }
 
     /// A message published to the router exchange (or dead-lettered into it
@@ -329,6 +340,110 @@ impl Plan {
             reason,
         }
     }
+}
+
+impl Action {
+    /// The properties this action publishes with.
+    pub fn properties(&self) -> &BasicProperties {
+        match self {
+            Self::Wait { properties, .. }
+            | Self::Deliver { properties, .. }
+            | Self::Park { properties, .. } => properties,
+        }
+    }
+}
+
+impl Plan {
+    /// Keeps `action` within one content-header frame of `frame_max` bytes.
+    /// AMQP cannot split a header, and the broker closes the whole connection
+    /// on a larger frame, so publishing such a message would fail on every
+    /// redelivery. A message whose headers no longer fit once the router adds
+    /// its own is parked from `sender` (the sender's properties, as they
+    /// arrived) with a reason; if even that copy does not fit, the sender's
+    /// largest headers are removed, each named in the reason.
+    pub fn within_frame(
+        &self,
+        action: Action,
+        sender: impl FnOnce() -> BasicProperties,
+        now_ms: i64,
+        frame_max: u32,
+    ) -> Action {
+        if wire::fits(action.properties(), frame_max) {
+            return action;
+        }
+        let sender = &sender();
+        let bytes = wire::header_frame_len(action.properties()).unwrap_or(usize::MAX);
+        let too_large = ParkReason::HeadersTooLarge { bytes, frame_max };
+        let (reason, destination) = match action {
+            Action::Park {
+                reason, properties, ..
+            } => (reason, envelope::parked_destination(&properties)),
+            Action::Deliver { destination, .. } => (too_large, Some(destination)),
+            Action::Wait { properties, .. } => (
+                too_large,
+                envelope::read_transit(&properties)
+                    .ok()
+                    .map(|t| t.destination),
+            ),
+        };
+        for destination in [destination.as_ref(), None] {
+            let properties = envelope::park(sender, &reason, now_ms, destination);
+            if wire::fits(&properties, frame_max) {
+                return Action::Park { reason, properties };
+            }
+        }
+        let mut headers = sender
+            .headers()
+            .as_ref()
+            .map(|h| h.inner().clone())
+            .unwrap_or_default();
+        let mut removed = Vec::new();
+        while let Some((name, size)) = largest_header(&headers) {
+            headers.remove(&name);
+            removed.push((name.to_string(), size));
+            let reason = ParkReason::HeadersRemoved {
+                reason: Box::new(reason.clone()),
+                frame_max,
+                removed: removed.clone(),
+            };
+            let properties = envelope::park(
+                &sender.clone().with_headers(headers.clone().into()),
+                &reason,
+                now_ms,
+                None,
+            );
+            if wire::fits(&properties, frame_max) || headers.is_empty() {
+                return Action::Park { reason, properties };
+            }
+        }
+        // No headers at all and still too large: cannot happen for properties
+        // that arrived in a frame (their other fields are at most a few KB).
+        let reason = ParkReason::HeadersRemoved {
+            reason: Box::new(reason),
+            frame_max,
+            removed,
+        };
+        Action::Park {
+            properties: envelope::park(sender, &reason, now_ms, None),
+            reason,
+        }
+    }
+}
+
+/// The header whose removal saves the most bytes, with its encoded size.
+fn largest_header(
+    headers: &std::collections::BTreeMap<ShortString, AMQPValue>,
+) -> Option<(ShortString, usize)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            let mut one = FieldTable::default();
+            one.insert(k.clone(), v.clone());
+            let size = wire::encode_properties(&BasicProperties::default().with_headers(one))
+                .map_or(usize::MAX, |b| b.len());
+            (k.clone(), size)
+        })
+        .max_by_key(|(_, size)| *size)
 }
 
 /// Failures counted so far by the router's own header.
@@ -737,5 +852,90 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    fn padded(pad: usize) -> BasicProperties {
+        props(&[
+            ("x-requested-delay", AMQPValue::LongInt(300)),
+            (ORIGINAL_EXCHANGE, s("")),
+            (ORIGINAL_ROUTING_KEY, s("work")),
+            ("pad", s(&"p".repeat(pad))),
+        ])
+        .with_message_id("m-1".into())
+    }
+
+    /// The largest pad with which the sender's own message fits the frame.
+    fn largest_pad(frame_max: u32) -> usize {
+        frame_max as usize - wire::header_frame_len(&padded(0)).unwrap()
+    }
+
+    #[test]
+    fn a_message_that_fits_is_left_alone() {
+        let plan = plan_for(Strategy::Cascade);
+        let p = padded(100_000);
+        let a = plan.on_ingress(&"k".into(), &p, NOW, 0.0);
+        assert_eq!(plan.within_frame(a.clone(), || p.clone(), NOW, 131_072), a);
+    }
+
+    #[test]
+    fn headers_too_large_with_the_routers_are_parked_with_the_largest_removed() {
+        let plan = plan_for(Strategy::Cascade);
+        let p = padded(largest_pad(131_072));
+        assert!(wire::fits(&p, 131_072), "the sender's message fits");
+        let a = plan.on_ingress(&"k".into(), &p, NOW, 0.0);
+        assert!(
+            !wire::fits(a.properties(), 131_072),
+            "with transit it does not"
+        );
+        let Action::Park { reason, properties } = plan.within_frame(a, || p.clone(), NOW, 131_072)
+        else {
+            panic!("expected a park")
+        };
+        assert!(wire::fits(&properties, 131_072));
+        let text = reason.to_string();
+        assert!(text.starts_with("header table too large"), "{text}");
+        assert!(
+            text.contains("removed these sender headers: 'pad' ("),
+            "{text}"
+        );
+        let h = properties.headers().as_ref().unwrap();
+        assert!(!h.contains_key("pad"));
+        assert!(h.contains_key(ORIGINAL_ROUTING_KEY), "other headers stay");
+        assert_eq!(properties.message_id(), p.message_id());
+    }
+
+    #[test]
+    fn an_oversized_park_keeps_its_own_reason() {
+        let plan = plan_for(Strategy::Cascade);
+        let p = padded(largest_pad(131_072)).with_user_id("mallory".into());
+        let a = plan.on_ingress(&"k".into(), &p, NOW, 0.0);
+        let Action::Park { reason, .. } = plan.within_frame(a, || p.clone(), NOW, 131_072) else {
+            panic!("expected a park")
+        };
+        assert!(
+            reason.to_string().starts_with("user-id 'mallory'"),
+            "{reason}"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn whatever_the_headers_the_result_fits(
+            pad in 0usize..140_000,
+            extra in 0usize..3,
+            frame_max in proptest::sample::select(vec![4_096u32, 8_192, 131_072]),
+            strategy in proptest::sample::select(vec![Strategy::RoundUp, Strategy::Priority, Strategy::Cascade]),
+        ) {
+            let plan = plan_for(strategy);
+            let mut p = padded(pad.min(largest_pad(frame_max)));
+            let mut h = p.headers().clone().unwrap();
+            for i in 0..extra {
+                h.insert(format!("more-{i}").as_str().into(), s(&"q".repeat(pad / 3)));
+            }
+            p = p.with_headers(h);
+            let a = plan.on_ingress(&"k".into(), &p, NOW, 0.0);
+            let out = plan.within_frame(a, || p.clone(), NOW, frame_max);
+            proptest::prop_assert!(wire::fits(out.properties(), frame_max));
+        }
     }
 }

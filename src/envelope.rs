@@ -254,6 +254,33 @@ pub fn next_hop(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicPr
     )
 }
 
+/// The header a quorum queue adds to a message it delivers again.
+pub const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// `p` without `x-delivery-count`, or `None` when it has none. The router's
+/// own quorum queues add it when they redeliver (after a crash or a lost
+/// connection); it describes that queue, not the message, so it must neither
+/// reach the destination nor change the message's derived id.
+pub fn without_delivery_count(p: &BasicProperties) -> Option<BasicProperties> {
+    let h = p.headers().as_ref()?;
+    if !h.contains_key(DELIVERY_COUNT) {
+        return None;
+    }
+    let mut h = h.inner().clone();
+    h.remove(DELIVERY_COUNT);
+    Some(p.clone().with_headers(h.into()))
+}
+
+/// The sender's properties of a message coming out of a bucket: restored when
+/// it is in transit, as they are otherwise.
+pub fn sender_properties(p: &BasicProperties) -> BasicProperties {
+    if read_transit(p).is_ok() {
+        leave_transit(p)
+    } else {
+        p.clone()
+    }
+}
+
 /// The sender's properties, restored exactly: transit and bucket death headers
 /// removed, saved headers and properties put back.
 pub fn leave_transit(p: &BasicProperties) -> BasicProperties {
@@ -620,5 +647,22 @@ mod tests {
         assert_eq!(*p.delivery_mode(), Some(PERSISTENT));
         assert_eq!(*p.expiration(), None);
         assert_eq!(p.message_id().as_ref().map(|s| s.as_str()), Some("m-1"));
+    }
+
+    #[test]
+    fn a_quorum_queues_delivery_count_is_dropped_and_nothing_else() {
+        let mut h = FieldTable::default();
+        h.insert("a".into(), AMQPValue::LongInt(1));
+        let plain = BasicProperties::default().with_headers(h.clone());
+        assert_eq!(without_delivery_count(&plain), None);
+        assert_eq!(without_delivery_count(&BasicProperties::default()), None);
+        h.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(2));
+        let counted = BasicProperties::default()
+            .with_headers(h)
+            .with_message_id("m".into());
+        assert_eq!(
+            without_delivery_count(&counted),
+            Some(plain.with_message_id("m".into()))
+        );
     }
 }

@@ -13,6 +13,8 @@
 //! - [`park`]: why a message was parked, in words.
 //! - [`retry`]: retry policies, backoff with jitter, reading `x-death` rejections.
 //! - [`decision`]: what to do with a message at ingress or when a bucket expires it.
+//! - [`identity`]: stable message ids for messages that arrive without one.
+//! - [`wire`]: properties as encoded on the wire, and the header frame limit.
 //! - [`topology`]: names and arguments of everything declared.
 //! - [`window`]: the prefetch window, sized to a byte budget from observed message sizes.
 //! - [`config`]: `buckets.toml` plus environment overrides, validated once.
@@ -20,6 +22,7 @@
 //! The shell (talks to RabbitMQ; every await has a timeout):
 //! - [`broker`]: connecting, declaring, queue depths.
 //! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
+//! - [`drift`]: checks the topology periodically and repairs what was deleted.
 //! - [`janitor`]: drains and removes buckets no longer in the ladder.
 //! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
 //! - [`stats`]: counters of placements, deliveries, holds and parks.
@@ -34,7 +37,9 @@ pub mod client;
 pub mod config;
 pub mod contract;
 pub mod decision;
+pub mod drift;
 pub mod envelope;
+pub mod identity;
 pub mod janitor;
 pub mod ladder;
 pub mod park;
@@ -48,3 +53,4 @@ pub mod stats;
 pub mod status;
 pub mod topology;
 pub mod window;
+pub mod wire;

@@ -55,6 +55,28 @@ pub enum ParkReason {
     },
     #[error("cannot read x-death: {0}")]
     InvalidDeath(DeathError),
+    #[error(
+        "header table too large: {bytes} bytes of content header with the router's headers, over the connection's frame_max of {frame_max} (AMQP cannot split a header across frames)"
+    )]
+    HeadersTooLarge { bytes: usize, frame_max: u32 },
+    #[error(
+        "{reason}; the parked copy did not fit in a {frame_max}-byte frame either, so the router removed these sender headers: {}",
+        removed_list(.removed)
+    )]
+    HeadersRemoved {
+        reason: Box<ParkReason>,
+        frame_max: u32,
+        /// Header names and their encoded sizes.
+        removed: Vec<(String, usize)>,
+    },
+}
+
+fn removed_list(removed: &[(String, usize)]) -> String {
+    removed
+        .iter()
+        .map(|(name, bytes)| format!("'{name}' ({bytes} bytes)"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Renders an exchange name for humans: the default exchange has no name.

@@ -6,6 +6,9 @@ use crate::broker::{self, BrokerError, CONFIRM_TIMEOUT, RPC_TIMEOUT, timed};
 use crate::config::Config;
 use crate::contract::Destination;
 use crate::decision::{Action, Plan};
+use crate::drift;
+use crate::envelope;
+use crate::identity;
 use crate::janitor;
 use crate::park::{ParkReason, exchange_label};
 use crate::placement::Strategy;
@@ -230,11 +233,13 @@ async fn session(
 ) -> Result<(), SessionError> {
     let conn = broker::connect(
         &config.url,
+        config.ca_file.as_ref(),
         &format!("delay-router consume {}", config.prefix),
     )
     .await?;
     let publish_conn = match broker::connect(
         &config.url,
+        config.ca_file.as_ref(),
         &format!("delay-router publish {}", config.prefix),
     )
     .await
@@ -253,6 +258,14 @@ async fn session(
     info!(url = %config.url, prefix = %plan.names.prefix, strategy = %plan.strategy, "connected");
     let buckets = plan.bucket_queues();
     let current: Vec<ShortString> = buckets.iter().map(|(q, _)| q.clone()).collect();
+    // A prefix that ran before has its state queue: anything else missing
+    // was deleted since (at a first start everything is missing).
+    if let Ok(Some(_)) = broker::depth(&conn, &plan.names.state).await
+        && let Ok(gone) = drift::missing(&conn, &plan.names, &buckets).await
+        && !gone.is_empty()
+    {
+        error!(missing = %gone.join(", "), "topology drift found at start: declaring the missing exchanges and queues again");
+    }
     let declared = match broker::declare(&conn, &plan.names, plan.queue_type, &buckets).await {
         Ok(()) => janitor::record(&conn, &plan.names, &current).await,
         Err(e) => Err(e),
@@ -280,6 +293,16 @@ async fn session(
                 }
             }
             .instrument(info_span!("janitor")),
+        )
+    };
+    let watcher = {
+        let (conn, plan, halt) = (conn.clone(), plan.clone(), halt.clone());
+        let every = config.check_interval;
+        tokio::spawn(
+            async move {
+                drift::watch(&conn, &plan.names, plan.queue_type, &buckets, every, halt).await;
+            }
+            .instrument(info_span!("topology")),
         )
     };
     for source in [Source::Ingress, Source::Expired] {
@@ -320,6 +343,7 @@ async fn session(
     }
     halt.cancel();
     let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
+    let _ = tokio::time::timeout(RPC_TIMEOUT, watcher).await;
     if result.is_ok() && fault.token.is_cancelled() {
         result = Err(SessionError::Transient(fault.message()));
     }
@@ -358,6 +382,7 @@ struct Pending {
     tag: u64,
     data: Vec<u8>,
     action: Action,
+    frame_max: u32,
 }
 
 impl Pipeline {
@@ -478,15 +503,28 @@ impl Pipeline {
         tracker: &TaskTracker,
         settler: &settle::Settler,
     ) -> Result<(), String> {
-        let mut action = match self.source {
-            Source::Ingress => self.plan.on_ingress(
-                &delivery.routing_key,
-                &delivery.properties,
-                stamp_ms(),
-                rand::random::<f64>(),
-            ),
-            Source::Expired => self.plan.on_expired(&delivery.properties, now_ms()),
+        let received = self.plan.received(&delivery.properties);
+        let props = received.as_ref().unwrap_or(&delivery.properties);
+        // The sender's properties as they arrived: what a parked copy keeps.
+        let (mut action, stamped) = match self.source {
+            Source::Ingress => {
+                let sender = identity::ensure_message_id(
+                    props,
+                    delivery.exchange.as_str(),
+                    delivery.routing_key.as_str(),
+                    &delivery.data,
+                );
+                let action = self.plan.on_ingress(
+                    &delivery.routing_key,
+                    &sender,
+                    stamp_ms(),
+                    rand::random::<f64>(),
+                );
+                (action, Some(sender))
+            }
+            Source::Expired => (self.plan.on_expired(props, now_ms()), None),
         };
+        let sender = stamped.as_ref().unwrap_or(props);
         let now = now_ms();
         if let Action::Deliver {
             destination,
@@ -500,12 +538,19 @@ impl Pipeline {
                 .plan
                 .on_delivery_failed(properties, destination, reason, now);
         }
+        let action = self.plan.within_frame(
+            action,
+            || envelope::sender_properties(sender),
+            now,
+            self.frame_max(),
+        );
         log_action(&action);
         let _ = settler.send(settle::Event::Delivered(delivery.delivery_tag));
         let pending = Pending {
             tag: delivery.delivery_tag,
             data: delivery.data,
             action,
+            frame_max: self.frame_max(),
         };
         // Publish, confirm and ack run concurrently (bounded by the prefetch
         // window): awaiting each publish here would cost a round trip to
@@ -523,6 +568,11 @@ impl Pipeline {
             .in_current_span(),
         );
         Ok(())
+    }
+
+    /// The publish connection's negotiated frame size.
+    fn frame_max(&self) -> u32 {
+        self.publish_conn.configuration().frame_max()
     }
 
     async fn exchange_exists(&self, exchange: &ShortString) -> Result<bool, String> {
@@ -664,7 +714,9 @@ async fn park_after_delivery(
     let Action::Deliver { properties, .. } = &pending.action else {
         return Ok(());
     };
-    let action = plan.on_delivery_failed(properties, destination, reason, now_ms());
+    let now = now_ms();
+    let action = plan.on_delivery_failed(properties, destination, reason, now);
+    let action = plan.within_frame(action, || properties.clone(), now, pending.frame_max);
     log_action(&action);
     let confirm = publish(ch, &plan.names, &action, &pending.data).await?;
     match wait_confirm(confirm).await? {

@@ -17,7 +17,7 @@ pub struct QueueStatus {
 
 /// Reads the depth of every queue the configuration names.
 pub async fn collect(config: &Config) -> Result<Vec<QueueStatus>, BrokerError> {
-    let conn = broker::connect(&config.url, "delay-router status").await?;
+    let conn = broker::connect(&config.url, config.ca_file.as_ref(), "delay-router status").await?;
     let plan = Plan::from_config(config);
     let names = &plan.names;
     let mut queues: Vec<(String, ShortString)> = names

@@ -4,34 +4,7 @@
 mod common;
 use common::*;
 use lapin::types::AMQPValue;
-use std::process::Command;
 use std::time::Duration;
-
-/// Closes every connection whose client properties name this test's prefix
-/// (the router's consume and publish connections), as a broker fault would.
-fn close_router_connections(prefix: &str) -> usize {
-    let out = Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl on PATH (the broker runs locally)");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    let pids: Vec<&str> = listing
-        .lines()
-        .filter(|l| {
-            l.contains(&format!("delay-router consume {prefix}"))
-                || l.contains(&format!("delay-router publish {prefix}"))
-        })
-        .filter_map(|l| l.split('\t').next())
-        .collect();
-    for pid in &pids {
-        let status = Command::new("rabbitmqctl")
-            .args(["close_connection", pid, "test: simulated broker fault"])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    pids.len()
-}
 
 #[tokio::test]
 async fn the_router_reconnects_after_the_broker_closes_its_connections() {

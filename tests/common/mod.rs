@@ -50,6 +50,58 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
     t
 }
 
+/// Closes every connection whose client properties name this prefix's router
+/// (its consume and publish connections), as a broker fault would; returns how many.
+pub fn close_router_connections(prefix: &str) -> usize {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["list_connections", "-q", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl on PATH (the broker runs locally)");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let pids: Vec<&str> = listing
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("delay-router consume {prefix}"))
+                || l.contains(&format!("delay-router publish {prefix}"))
+        })
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    for pid in &pids {
+        let status = std::process::Command::new("rabbitmqctl")
+            .args(["close_connection", pid, "test: simulated broker fault"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    pids.len()
+}
+
+/// The router binary Cargo built for the integration tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_delay-router");
+
+/// Writes a config file for `prefix` to the temp directory.
+pub fn write_config(prefix: &str, ladder: &[&str], extra: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("{prefix}.toml"));
+    std::fs::write(&path, config_toml(prefix, ladder, extra)).unwrap();
+    path
+}
+
+/// Starts `delay-router run --config path` as its own process, logs to `log`.
+pub fn spawn_binary(path: &std::path::Path, log: &std::path::Path) -> std::process::Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    std::process::Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(path)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
 pub struct Harness {
     pub prefix: String,
     pub config: Config,
@@ -338,6 +390,18 @@ impl Harness {
 
     pub async fn consumers(&self, queue: &str) -> u32 {
         self.passive(queue).await.map_or(0, |q| q.consumer_count())
+    }
+
+    /// A new client connection, after the broker closed the old one.
+    pub async fn reconnect(&mut self) {
+        self.conn = Connection::connect(&url(), ConnectionProperties::default())
+            .await
+            .expect("test client reconnects to RabbitMQ");
+        self.ch = self.conn.create_channel().await.unwrap();
+        self.ch
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
     }
 
     /// Stops the router and deletes everything this test declared.

@@ -1,0 +1,111 @@
+//! `amqps://`: the router connects over TLS (rustls) trusting the CA named by
+//! `[amqp] ca_file`, and refuses a broker whose certificate it cannot verify,
+//! without showing the password. scripts/ensure-rabbitmq-tls gives the local
+//! broker an AMQPS listener on 5671 with a throwaway CA.
+
+mod common;
+use common::*;
+use lapin::types::AMQPValue;
+use std::process::Command;
+use std::time::Duration;
+
+/// Starts (once per machine) the broker's TLS listener; returns the CA path.
+fn tls_ca() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq-tls");
+    let out = Command::new(script)
+        .output()
+        .expect("run scripts/ensure-rabbitmq-tls");
+    assert!(
+        out.status.success(),
+        "scripts/ensure-rabbitmq-tls failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Whether the broker sees this prefix's router connections over TLS.
+fn router_connections_use_tls(prefix: &str) -> Vec<bool> {
+    let out = Command::new("rabbitmqctl")
+        .args(["list_connections", "-q", "ssl", "client_properties"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("delay-router consume {prefix}"))
+                || l.contains(&format!("delay-router publish {prefix}"))
+        })
+        .map(|l| l.starts_with("true"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_router_works_over_amqps_with_its_ca_file() {
+    let ca = tls_ca();
+    let extra =
+        format!("[amqp]\nurl = \"amqps://guest:guest@localhost:5671/%2f\"\nca_file = \"{ca}\"\n");
+    let mut h = Harness::new(&["1s", "2s"], &extra).await;
+    h.start_router().await;
+    assert_eq!(router_connections_use_tls(&h.prefix), vec![true, true]);
+    let q = h.queue("dest").await;
+    h.publish(
+        "k",
+        to_queue(&q, AMQPValue::LongInt(1200)).with_message_id("0".into()),
+        b"tls",
+    )
+    .await;
+    let got = h.receive(&q, 1, Duration::from_secs(15)).await;
+    assert_eq!(got[0].1.data, b"tls");
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unverifiable_certificate_is_refused_without_leaking_the_password() {
+    tls_ca();
+    let h = Harness::new(&["1s"], "").await;
+    // No ca_file: the throwaway CA is not among the system's roots.
+    let path = std::env::temp_dir().join(format!("{}-tls.toml", h.prefix));
+    std::fs::write(
+        &path,
+        config_toml(
+            &h.prefix,
+            &["1s"],
+            "[amqp]\nurl = \"amqps://guest:s3cret-pw@localhost:5671/%2f\"\n",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["declare", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid peer certificate"), "{stderr}");
+    assert!(
+        stderr.contains("amqps://guest:***@localhost:5671"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+
+    // A ca_file with a plain amqp:// URL is a configuration error.
+    std::fs::write(
+        &path,
+        config_toml(
+            &h.prefix,
+            &["1s"],
+            &format!("[amqp]\nurl = \"{URL}\"\nca_file = \"/nonexistent.pem\"\n"),
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["declare", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("amqp.ca_file"), "{stderr}");
+    std::fs::remove_file(&path).unwrap();
+    h.cleanup().await;
+}
