@@ -129,7 +129,12 @@ pub fn parse_delay_str(s: &str) -> Result<Duration, DelayError> {
         && let Ok(v) = t.parse::<i64>()
         && !rest.is_empty()
     {
-        return Err(DelayError::Negative(v));
+        // "-0" is zero, not negative.
+        return if v == 0 {
+            Ok(Duration::ZERO)
+        } else {
+            Err(DelayError::Negative(v))
+        };
     }
     let d = humantime::parse_duration(t).map_err(|_| DelayError::Unparsable(shorten(t)))?;
     // Sub-millisecond parts would make the deadline arithmetic lie; round up.
@@ -293,6 +298,8 @@ mod tests {
             Err(DelayError::Negative(-5))
         );
         assert_eq!(parse_delay(&s("-5")), Err(DelayError::Negative(-5)));
+        assert_eq!(parse_delay(&s("-0")), Ok(Duration::ZERO));
+        assert_eq!(parse_delay(&s("-000")), Ok(Duration::ZERO));
         assert_eq!(parse_delay(&s("  ")), Err(DelayError::Empty));
         assert!(matches!(
             parse_delay(&s("soon")),

@@ -362,7 +362,9 @@ pub fn park(
             AMQPValue::LongString(d.routing_key.as_str().into()),
         );
     }
-    if p.expiration().is_some() || *p.delivery_mode() != Some(PERSISTENT) {
+    // Saved when replay would otherwise not restore them exactly (a message
+    // without headers gets some here).
+    if p.expiration().is_some() || *p.delivery_mode() != Some(PERSISTENT) || p.headers().is_none() {
         save_properties(p, &mut h, false);
     }
     rebuild(p, Some(h), None, Some(PERSISTENT), *p.priority())
@@ -664,5 +666,14 @@ mod tests {
             without_delivery_count(&counted),
             Some(plain.with_message_id("m".into()))
         );
+    }
+
+    #[test]
+    fn a_message_without_headers_is_replayed_without_headers() {
+        let sent = BasicProperties::default()
+            .with_delivery_mode(PERSISTENT)
+            .with_message_id("m".into());
+        let parked = park(&sent, &ParkReason::MissingDelay, 1, None);
+        assert_eq!(unpark(&parked), sent);
     }
 }

@@ -1,12 +1,15 @@
-//! Settling source deliveries in bulk: one `basic.ack` with `multiple` for
-//! every run of contiguous deliveries whose replacements are confirmed, as
-//! RabbitMQ's shovel does. A delivery is never acked before its own
-//! replacement is confirmed: the ack stops at the first unsettled tag.
+//! Settling source deliveries: one `basic.ack` with `multiple` for every run
+//! of contiguous deliveries whose replacements are confirmed, as RabbitMQ's
+//! shovel does. A delivery is never acked before its own replacement is
+//! confirmed. Deliveries settled behind one that is not (cascade holds its
+//! last fraction for up to 250 ms while the delivery stays unacked) are
+//! acked one by one at once: left unacked, each would be sent twice if the
+//! router died meanwhile.
 
 use crate::broker::{RPC_TIMEOUT, timed};
 use lapin::Channel;
 use lapin::options::BasicAckOptions;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet};
 use tokio::sync::mpsc;
 
 /// What the settler learns, in order: a tag was delivered, or its replacement confirmed.
@@ -16,46 +19,63 @@ pub enum Event {
     Settled(u64),
 }
 
-/// Tracks delivered tags and answers with the highest tag safe to ack with `multiple`.
+/// The acks to send now.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Acks {
+    /// Ack every delivery up to this tag (`multiple`).
+    pub up_to: Option<u64>,
+    /// Ack these one by one: settled, but behind an unsettled delivery.
+    pub singles: Vec<u64>,
+}
+
+/// Tracks unacked deliveries and answers with the acks that are safe.
 #[derive(Debug, Default)]
 pub struct Window {
-    delivered: VecDeque<u64>,
+    unacked: BTreeSet<u64>,
     settled: HashSet<u64>,
 }
 
 impl Window {
     pub fn apply(&mut self, event: Event) {
         match event {
-            Event::Delivered(tag) => self.delivered.push_back(tag),
+            Event::Delivered(tag) => {
+                self.unacked.insert(tag);
+            }
             Event::Settled(tag) => {
                 self.settled.insert(tag);
             }
         }
     }
 
-    /// Pops the settled prefix; returns its last tag, if any.
-    pub fn advance(&mut self) -> Option<u64> {
-        let mut last = None;
-        while let Some(&front) = self.delivered.front() {
-            if !self.settled.remove(&front) {
+    /// Takes every settled delivery out of the window: the settled prefix as
+    /// one `multiple` ack, the rest one by one.
+    pub fn advance(&mut self) -> Acks {
+        let mut acks = Acks::default();
+        while let Some(&first) = self.unacked.first() {
+            if !self.settled.remove(&first) {
                 break;
             }
-            self.delivered.pop_front();
-            last = Some(front);
+            self.unacked.pop_first();
+            acks.up_to = Some(first);
         }
-        last
+        acks.singles = self.settled.drain().collect();
+        acks.singles.sort_unstable();
+        for tag in &acks.singles {
+            self.unacked.remove(tag);
+        }
+        acks
     }
 
     /// Deliveries not yet acked.
     pub fn outstanding(&self) -> usize {
-        self.delivered.len()
+        self.unacked.len()
     }
 }
 
 /// Sender side handed to the pipeline and its tasks.
 pub type Settler = mpsc::UnboundedSender<Event>;
 
-/// Runs until every sender is dropped, acking on `ch` as runs of tags settle.
+/// Runs until every sender is dropped, acking on `ch` as deliveries settle.
 pub async fn run(ch: Channel, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(), String> {
     let mut window = Window::default();
     while let Some(event) = rx.recv().await {
@@ -63,11 +83,14 @@ pub async fn run(ch: Channel, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<
         while let Ok(event) = rx.try_recv() {
             window.apply(event);
         }
-        if let Some(tag) = window.advance() {
+        let acks = window.advance();
+        let multiple = acks.up_to.map(|tag| (tag, true));
+        let singles = acks.singles.into_iter().map(|tag| (tag, false));
+        for (tag, multiple) in multiple.into_iter().chain(singles) {
             timed(
                 "basic.ack",
                 RPC_TIMEOUT,
-                ch.basic_ack(tag, BasicAckOptions { multiple: true }),
+                ch.basic_ack(tag, BasicAckOptions { multiple }),
             )
             .await
             .map_err(|e| e.to_string())?;
@@ -82,41 +105,69 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn acks_stop_at_the_first_unsettled_delivery() {
+    fn the_settled_prefix_is_acked_with_multiple_the_rest_one_by_one() {
         let mut w = Window::default();
         for t in 1..=5 {
             w.apply(Event::Delivered(t));
         }
         w.apply(Event::Settled(2));
-        assert_eq!(w.advance(), None);
-        w.apply(Event::Settled(1));
-        assert_eq!(w.advance(), Some(2));
-        w.apply(Event::Settled(5));
         w.apply(Event::Settled(4));
-        assert_eq!(w.advance(), None);
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: None,
+                singles: vec![2, 4]
+            }
+        );
+        w.apply(Event::Settled(1));
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: Some(1),
+                singles: vec![]
+            }
+        );
+        w.apply(Event::Settled(5));
         w.apply(Event::Settled(3));
-        assert_eq!(w.advance(), Some(5));
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: Some(5),
+                singles: vec![]
+            }
+        );
         assert_eq!(w.outstanding(), 0);
     }
 
     proptest! {
+        /// Every ack is safe (only settled tags, none twice, a `multiple` ack
+        /// names an unacked tag) and every settled tag is acked at once.
         #[test]
-        fn an_acked_tag_is_always_settled(order in Just((1u64..=50).collect::<Vec<_>>()).prop_shuffle()) {
+        fn acks_are_safe_and_prompt(order in Just((1u64..=50).collect::<Vec<_>>()).prop_shuffle()) {
             let mut w = Window::default();
             for t in 1..=50 {
                 w.apply(Event::Delivered(t));
             }
             let mut settled = HashSet::new();
-            let mut acked_up_to = 0;
+            let mut acked = BTreeSet::new();
             for t in order {
                 w.apply(Event::Settled(t));
                 settled.insert(t);
-                if let Some(up_to) = w.advance() {
-                    prop_assert!((acked_up_to + 1..=up_to).all(|x| settled.contains(&x)));
-                    acked_up_to = up_to;
+                let acks = w.advance();
+                if let Some(up_to) = acks.up_to {
+                    prop_assert!(!acked.contains(&up_to));
+                    for x in 1..=up_to {
+                        prop_assert!(settled.contains(&x));
+                        acked.insert(x);
+                    }
                 }
+                for x in acks.singles {
+                    prop_assert!(settled.contains(&x));
+                    prop_assert!(acked.insert(x), "acked twice: {}", x);
+                }
+                prop_assert_eq!(&acked, &settled.iter().copied().collect::<BTreeSet<_>>());
             }
-            prop_assert_eq!(acked_up_to, 50);
+            prop_assert_eq!(acked.len(), 50);
         }
     }
 }

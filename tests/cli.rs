@@ -8,14 +8,6 @@ use lapin::types::{AMQPValue, FieldTable};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_delay-router");
-
-fn write_config(prefix: &str, ladder: &[&str], extra: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{prefix}.toml"));
-    std::fs::write(&path, config_toml(prefix, ladder, extra)).unwrap();
-    path
-}
-
 /// Starts `delay-router run` and waits until it consumes.
 async fn spawn_run(h: &Harness, path: &std::path::Path) -> std::process::Child {
     let child = Command::new(BIN)

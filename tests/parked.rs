@@ -8,15 +8,8 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_delay-router");
 const GIVE_UP_AT_ONCE: &str =
     "[[policy]]\nqueue = \"*.work\"\ninitial = \"1s\"\nmax_attempts = 1\n";
-
-fn config_file(h: &Harness, extra: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{}.toml", h.prefix));
-    std::fs::write(&path, config_toml(&h.prefix, &["1s"], extra)).unwrap();
-    path
-}
 
 fn parked_cli(path: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)
@@ -107,7 +100,7 @@ async fn list_replay_and_purge_the_park() {
     let other = h.queue("other").await;
     park_for(&h, &other, 2).await;
     wait_depth(&h, &parked, 5).await;
-    let path = config_file(&h, GIVE_UP_AT_ONCE);
+    let path = write_config(&h.prefix, &["1s"], GIVE_UP_AT_ONCE);
 
     let (ok, out, err) = parked_cli(&path, &["list"]);
     assert!(ok, "{err}");
@@ -161,7 +154,7 @@ async fn a_replay_killed_midway_loses_nothing() {
     park_for(&h, &dest, N).await;
     wait_depth(&h, &parked, N as u32).await;
     h.stop_router().await.unwrap();
-    let path = config_file(&h, "");
+    let path = write_config(&h.prefix, &["1s"], "");
     let mut child = Command::new(BIN)
         .args(["parked", "replay", "--config"])
         .arg(&path)
