@@ -13,7 +13,7 @@
 
 use delay_router::broker;
 use delay_router::config::Config;
-use delay_router::decision::Plan;
+use delay_router::decision::{Action, Plan};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -152,17 +152,24 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         .unwrap();
     prefill(&ch, names.router_exchange.as_str(), "bench", n).await;
     wait_depth(conn, names.ingress.as_str(), n as u32).await;
-    let bucket = names.bucket(plan.strategy, plan.ladder.top()).to_string();
+    // The bucket the router places these messages in, by its own decision.
+    let Action::Wait { queue, .. } = plan.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
+        panic!("a 30m delay waits in a bucket")
+    };
+    let bucket = queue.to_string();
     // The shipped binary, in its own process, as users run it.
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
     std::fs::write(&path, &text).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+    let child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
         .args(["run", "--config"])
         .arg(&path)
         .env("RUST_LOG", "warn")
         .spawn()
         .expect("router binary");
+    // Killed if the measurement panics, so no router outlives the bench.
+    let mut guard = KillOnDrop(Some(child));
     let rate = drain_rate(conn, &bucket, n as u32).await;
+    let mut child = guard.0.take().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();
@@ -172,13 +179,14 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         .unwrap();
     assert!(status.success(), "router exited with {status}");
     std::fs::remove_file(path).unwrap();
-    let queues = [
-        bucket,
-        names.ingress.to_string(),
-        names.expired.to_string(),
-        names.parked.to_string(),
-        names.state.to_string(),
-    ];
+    let mut queues: Vec<String> = plan
+        .bucket_queues()
+        .into_iter()
+        .map(|(q, _)| q.to_string())
+        .collect();
+    queues.extend(
+        [&names.ingress, &names.expired, &names.parked, &names.state].map(|q| q.to_string()),
+    );
     delete_queues(&ch, &queues).await;
     for e in [&names.router_exchange, &names.expired_exchange] {
         let _ = ch
@@ -186,6 +194,17 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
             .await;
     }
     rate
+}
+
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn rabbitmqctl(args: &[&str]) {

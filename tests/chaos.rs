@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const LADDER: &[&str] = &["1s", "2s", "4s"];
@@ -51,21 +51,21 @@ struct Chaos {
 }
 
 struct Router {
-    child: Child,
+    process: Spawned,
     path: std::path::PathBuf,
     log: std::path::PathBuf,
 }
 
 impl Router {
     fn start(path: std::path::PathBuf, log: std::path::PathBuf) -> Self {
-        let child = spawn_binary(&path, &log);
-        Self { child, path, log }
+        let process = spawn_binary(&path, &log);
+        Self { process, path, log }
     }
+    /// SIGKILL and start again.
     fn kill_9(&mut self, chaos: &mut Chaos) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
+        self.process.kill_9();
         chaos.kills += 1;
-        self.child = spawn_binary(&self.path, &self.log);
+        self.process = spawn_binary(&self.path, &self.log);
     }
 }
 
@@ -256,8 +256,7 @@ async fn run(queue_type: &str) {
     assert_eq!(lost, 0, "messages lost");
     assert!(parked.is_empty(), "messages parked: {parked:?}");
     assert_eq!(unstable, 0, "a message arrived with different ids");
-    router.child.kill().unwrap();
-    router.child.wait().unwrap();
+    router.process.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);
     h.cleanup().await;

@@ -71,8 +71,7 @@ async fn kill_9_loses_nothing_and_ids_stay_stable() {
         p = p.with_headers(hd);
         h.publish("k", p, format!("body {i}").as_bytes()).await;
         if kills_at.contains(&i) {
-            router.kill().unwrap(); // SIGKILL
-            router.wait().unwrap();
+            router.kill_9(); // SIGKILL
             kills += 1;
             tokio::time::sleep(Duration::from_millis(300)).await;
             router = spawn_binary(&path, &log);
@@ -80,8 +79,7 @@ async fn kill_9_loses_nothing_and_ids_stay_stable() {
     }
     // One more while messages expire out of the buckets.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    router.kill().unwrap();
-    router.wait().unwrap();
+    router.kill_9();
     kills += 1;
     router = spawn_binary(&path, &log);
 
@@ -116,8 +114,7 @@ async fn kill_9_loses_nothing_and_ids_stay_stable() {
     assert_eq!(ids.len(), N, "every message has its own id");
     assert_eq!(h.depth(h.names.parked.as_str()).await, 0);
 
-    router.kill().unwrap();
-    router.wait().unwrap();
+    router.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);
     h.cleanup().await;

@@ -78,8 +78,7 @@ async fn deleted_exchanges_are_repaired_while_messages_wait() {
     assert_eq!(ids, (0..=N).collect::<Vec<_>>());
     assert_eq!(h.depth(h.names.parked.as_str()).await, 0);
 
-    router.kill().unwrap();
-    router.wait().unwrap();
+    router.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);
     h.cleanup().await;
@@ -92,8 +91,7 @@ async fn drift_is_reported_at_start() {
     let log = std::env::temp_dir().join(format!("{}.log", h.prefix));
     let mut router = spawn_binary(&path, &log);
     h.wait_consumers().await;
-    router.kill().unwrap();
-    router.wait().unwrap();
+    router.kill_9();
     delete_exchange(&h, h.names.expired_exchange.as_str()).await;
     router = spawn_binary(&path, &log);
     let text = wait_for_log(&log, "topology drift found at start").await;
@@ -110,8 +108,7 @@ async fn drift_is_reported_at_start() {
     )
     .await;
     h.receive(&q, 1, Duration::from_secs(10)).await;
-    router.kill().unwrap();
-    router.wait().unwrap();
+    router.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);
     h.cleanup().await;

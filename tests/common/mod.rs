@@ -86,20 +86,40 @@ pub fn write_config(prefix: &str, ladder: &[&str], extra: &str) -> std::path::Pa
     path
 }
 
+/// A router process, killed when dropped: a failing test leaves none behind.
+pub struct Spawned(pub std::process::Child);
+
+impl Spawned {
+    /// SIGKILL, and reap.
+    pub fn kill_9(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `delay-router run --config path` as its own process, logs to `log`.
-pub fn spawn_binary(path: &std::path::Path, log: &std::path::Path) -> std::process::Child {
+pub fn spawn_binary(path: &std::path::Path, log: &std::path::Path) -> Spawned {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    std::process::Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(path)
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap()
+    Spawned(
+        std::process::Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(path)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 pub struct Harness {
