@@ -59,28 +59,32 @@ async fn the_router_works_over_amqps_with_its_ca_file() {
     h.cleanup().await;
 }
 
-#[tokio::test]
-async fn an_unverifiable_certificate_is_refused_without_leaking_the_password() {
-    tls_ca();
-    let h = Harness::new(&["1s"], "").await;
-    // No ca_file: the throwaway CA is not among the system's roots.
-    let path = std::env::temp_dir().join(format!("{}-tls.toml", h.prefix));
-    std::fs::write(
-        &path,
-        config_toml(
-            &h.prefix,
-            &["1s"],
-            "[amqp]\nurl = \"amqps://guest:s3cret-pw@localhost:5671/%2f\"\n",
-        ),
-    )
-    .unwrap();
+/// `delay-router declare` on a config with this `[amqp]` table: (exit code, stderr).
+fn declare_with(prefix: &str, amqp: &str) -> (Option<i32>, String) {
+    let path = std::env::temp_dir().join(format!("{prefix}-tls.toml"));
+    std::fs::write(&path, config_toml(prefix, &["1s"], amqp)).unwrap();
     let out = Command::new(BIN)
         .args(["declare", "--config"])
         .arg(&path)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    std::fs::remove_file(&path).unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn an_unverifiable_certificate_is_refused_without_leaking_the_password() {
+    tls_ca();
+    let h = Harness::new(&["1s"], "").await;
+    // No ca_file: the throwaway CA is not among the system's roots.
+    let (code, stderr) = declare_with(
+        &h.prefix,
+        "[amqp]\nurl = \"amqps://guest:s3cret-pw@localhost:5671/%2f\"\n",
+    );
+    assert_ne!(code, Some(0), "{stderr}");
     assert!(stderr.contains("invalid peer certificate"), "{stderr}");
     assert!(
         stderr.contains("amqps://guest:***@localhost:5671"),
@@ -89,23 +93,11 @@ async fn an_unverifiable_certificate_is_refused_without_leaking_the_password() {
     assert!(!stderr.contains("s3cret-pw"), "{stderr}");
 
     // A ca_file with a plain amqp:// URL is a configuration error.
-    std::fs::write(
-        &path,
-        config_toml(
-            &h.prefix,
-            &["1s"],
-            &format!("[amqp]\nurl = \"{URL}\"\nca_file = \"/nonexistent.pem\"\n"),
-        ),
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args(["declare", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = declare_with(
+        &h.prefix,
+        &format!("[amqp]\nurl = \"{URL}\"\nca_file = \"/nonexistent.pem\"\n"),
+    );
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("amqp.ca_file"), "{stderr}");
-    std::fs::remove_file(&path).unwrap();
     h.cleanup().await;
 }
