@@ -9,12 +9,16 @@
 //! seconds; ladder 1s, 2s, 4s, 8s, 16s, 32s.
 //!
 //! `cargo bench --bench precision`
+//! BENCH_URL and BENCH_QUEUE_TYPE (classic, quorum) choose the broker and the
+//! queue type (strategies the configuration refuses with quorum are left out).
+//! BENCH_BASELINE=/path/to/another/delay-router adds two cascade lanes run as
+//! processes, this build's binary and that one, to compare two builds.
 
 use delay_router::config::Config;
-use delay_router::placement::Strategy;
+use delay_router::core::placement::PlacementStrategy;
 use delay_router::router;
-use delay_router::stats::Stats;
-use futures_util::StreamExt;
+use delay_router::router::stats::Stats;
+use delay_router::testkit::consume::{Acks, Consumer};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -22,9 +26,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// BENCH_URL names another broker (e.g. the 4.3 node on 5682).
+fn url() -> String {
+    std::env::var("BENCH_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
 const LADDER: [&str; 6] = ["1s", "2s", "4s", "8s", "16s", "32s"];
-const STRATEGIES: [Strategy; 3] = [Strategy::RoundUp, Strategy::Priority, Strategy::Cascade];
+const STRATEGIES: [PlacementStrategy; 3] = [
+    PlacementStrategy::RoundUp,
+    PlacementStrategy::Priority,
+    PlacementStrategy::Cascade,
+];
 const MIN_DELAY_MS: f64 = 200.0;
 const MAX_DELAY_MS: f64 = 60_000.0;
 
@@ -46,13 +57,33 @@ impl Rng {
     }
 }
 
+/// How a lane's router runs.
+enum Runner {
+    /// In this process, with its counters readable.
+    InProcess {
+        stats: Arc<Stats>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        task: tokio::task::JoinHandle<Result<(), router::RouterError>>,
+    },
+    /// A binary in its own process (killed when dropped).
+    Binary(std::process::Child),
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Runner::Binary(child) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 struct Lane {
-    strategy: Strategy,
+    label: String,
+    strategy: PlacementStrategy,
     prefix: String,
     dest: String,
-    stats: Arc<Stats>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), router::RouterError>>,
+    runner: Runner,
     sent: Arc<Mutex<HashMap<usize, (Instant, u64)>>>,
     arrived: Arc<Mutex<HashMap<usize, Instant>>>,
 }
@@ -72,36 +103,65 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let conn = Connection::connect(URL, ConnectionProperties::default()).await.expect("broker");
+        let url = url();
+        // BENCH_QUEUE_TYPE=quorum: every router queue a quorum queue.
+        let queue_type = std::env::var("BENCH_QUEUE_TYPE").unwrap_or_else(|_| "classic".into());
+        let conn = Connection::connect(&url, ConnectionProperties::default()).await.expect("broker");
         let ch = conn.create_channel().await.unwrap();
         let mut lanes = Vec::new();
-        for strategy in STRATEGIES {
+        // (label, strategy, binary to run; None: in this process)
+        let mut setups: Vec<(String, PlacementStrategy, Option<std::path::PathBuf>)> =
+            STRATEGIES.iter().map(|s| (s.to_string(), *s, None)).collect();
+        if let Some(baseline) = std::env::var_os("BENCH_BASELINE") {
+            let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
+            setups.push(("cascade, this binary".into(), PlacementStrategy::Cascade, Some(this)));
+            setups.push(("cascade, baseline binary".into(), PlacementStrategy::Cascade, Some(baseline.into())));
+        }
+        for (label, strategy, binary) in setups {
             let prefix = format!("prec-{strategy}-{:06x}", rand::random::<u32>() & 0xff_ffff);
-            let mut text = format!("[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n[placement]\nstrategy = \"{strategy}\"\n");
+            let mut text = format!("[amqp]\nurl = \"{url}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n[placement]\nstrategy = \"{strategy}\"\n");
             for r in LADDER {
                 text.push_str(&format!("[[bucket]]\nttl = \"{r}\"\n"));
             }
-            let config = Config::from_toml(&text).unwrap();
+            let config = match Config::from_toml(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("{label}: not run ({e})");
+                    continue;
+                }
+            };
             let dest = format!("{prefix}.dest");
             ch.queue_declare(dest.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default()).await.unwrap();
-            let stats = Arc::new(Stats::default());
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(router::run_with_stats(config, async move { let _ = rx.await; }, stats.clone()));
+            let runner = match &binary {
+                None => {
+                    let stats = Arc::new(Stats::default());
+                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                    let task = tokio::spawn(router::run_with_stats(config, async move { let _ = rx.await; }, stats.clone()));
+                    Runner::InProcess { stats, stop: Some(tx), task }
+                }
+                Some(bin) => {
+                    let path = std::env::temp_dir().join(format!("{prefix}.toml"));
+                    std::fs::write(&path, &text).unwrap();
+                    let child = std::process::Command::new(bin)
+                        .args(["run", "--config"])
+                        .arg(&path)
+                        .env("RUST_LOG", "warn")
+                        .spawn()
+                        .expect("router binary");
+                    Runner::Binary(child)
+                }
+            };
             let arrived = Arc::new(Mutex::new(HashMap::new()));
-            let consumer_ch = conn.create_channel().await.unwrap();
-            let mut consumer = consumer_ch
-                .basic_consume(dest.as_str().into(), "precision".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
-                .await
-                .unwrap();
+            let mut consumer = Consumer::open(&conn, &dest, Acks::Auto).await;
             let sink = arrived.clone();
             tokio::spawn(async move {
-                while let Some(Ok(d)) = consumer.next().await {
+                while let Some(d) = consumer.next_within(Duration::from_secs(600)).await {
                     let at = Instant::now();
                     let id: usize = d.properties.message_id().as_ref().unwrap().as_str().parse().unwrap();
                     sink.lock().unwrap().insert(id, at);
                 }
             });
-            lanes.push(Lane { strategy, prefix, dest, stats, stop: Some(tx), task, sent: Default::default(), arrived });
+            lanes.push(Lane { label, strategy, prefix, dest, runner, sent: Default::default(), arrived });
         }
         // Let every router declare and start consuming.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -152,41 +212,53 @@ fn main() {
                 .collect();
             late.sort();
             let early = late.iter().filter(|l| **l < 0).count();
-            let s = lane.stats.snapshot();
-            let hops = s.placed as f64 / s.delivered.max(1) as f64;
+            let counters = match &lane.runner {
+                Runner::InProcess { stats, .. } => {
+                    let s = stats.snapshot();
+                    let hops = s.placed as f64 / s.delivered.max(1) as f64;
+                    format!("{hops:.2} | {:.2} | {}", hops + 1.0, s.held)
+                }
+                Runner::Binary(_) => "- | - | -".to_owned(),
+            };
             println!(
-                "| {} | {} ms | {} ms | {} ms | {} ms | {early} | {hops:.2} | {:.2} | {} |",
-                lane.strategy,
+                "| {} | {} ms | {} ms | {} ms | {} ms | {early} | {counters} |",
+                lane.label,
                 percentile(&late, 0.5),
                 percentile(&late, 0.9),
                 percentile(&late, 0.99),
                 late[late.len() - 1],
-                hops + 1.0,
-                s.held
             );
         }
         for lane in &mut lanes {
-            if let Some(tx) = lane.stop.take() {
+            if let Runner::InProcess { stop, .. } = &mut lane.runner
+                && let Some(tx) = stop.take()
+            {
                 let _ = tx.send(());
             }
         }
-        for lane in lanes {
-            lane.task.await.unwrap().unwrap();
+        for mut lane in lanes {
+            match &mut lane.runner {
+                Runner::InProcess { task, .. } => task.await.unwrap().unwrap(),
+                Runner::Binary(child) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
             let mut queues = vec![lane.dest.clone()];
             for suffix in ["ingress", "expired", "parked", "state"] {
                 queues.push(format!("{}.{suffix}", lane.prefix));
             }
-            let plan = delay_router::decision::Plan::new(
-                &delay_router::ladder::Ladder::from_labels(&LADDER).unwrap(),
+            let rules = delay_router::core::decision::Rules::new(
+                &delay_router::core::ladder::Ladder::from_labels(&LADDER).unwrap(),
                 lane.strategy,
                 &lane.prefix,
                 "guest",
             );
-            queues.extend(plan.bucket_queues().into_iter().map(|(q, _)| q.to_string()));
+            queues.extend(rules.topology().bucket_names().into_iter().map(|q| q.to_string()));
             for q in queues {
                 let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
             }
-            for e in ["router", "expired"] {
+            for e in ["router", "expired", "presence"] {
                 let _ = ch.exchange_delete(format!("{}.{e}", lane.prefix).as_str().into(), ExchangeDeleteOptions::default()).await;
             }
         }

@@ -10,10 +10,12 @@
 //! the shipped prefetch unless BENCH_PREFETCH says otherwise.
 //!
 //! `cargo bench --bench throughput` (env: BENCH_MESSAGES=30000 BENCH_ROUNDS=5).
+//! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
+//! round (same broker, same run), to compare two builds of the router.
 
 use delay_router::broker;
 use delay_router::config::Config;
-use delay_router::decision::{Action, Plan};
+use delay_router::core::decision::{Action, Rules};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -78,7 +80,7 @@ async fn prefill(ch: &Channel, exchange: &str, routing_key: &str, n: usize) {
 }
 
 async fn depth(conn: &Connection, queue: &str) -> u32 {
-    broker::depth(conn, &queue.into())
+    broker::probe::depth(conn, &queue.into())
         .await
         .expect("depth")
         .unwrap_or(0)
@@ -132,7 +134,7 @@ async fn delete_queues(ch: &Channel, queues: &[String]) {
     }
 }
 
-async fn router_round(conn: &Connection, n: usize) -> f64 {
+async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> f64 {
     let prefix = prefix();
     let prefetch = std::env::var("BENCH_PREFETCH")
         .map(|p| format!("prefetch = \"{p}\"\n"))
@@ -141,9 +143,9 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let plan = Plan::new(&config.ladder, config.strategy, &prefix, "guest");
-    let names = plan.names.clone();
-    broker::declare(conn, &names, plan.queue_type, &plan.bucket_queues())
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    let names = rules.names.clone();
+    broker::declare::declare(conn, &rules.topology())
         .await
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
@@ -153,14 +155,14 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
     prefill(&ch, names.router_exchange.as_str(), "bench", n).await;
     wait_depth(conn, names.ingress.as_str(), n as u32).await;
     // The bucket the router places these messages in, by its own decision.
-    let Action::Wait { queue, .. } = plan.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
+    let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
         panic!("a 30m delay waits in a bucket")
     };
     let bucket = queue.to_string();
     // The shipped binary, in its own process, as users run it.
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
     std::fs::write(&path, &text).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+    let child = Command::new(binary)
         .args(["run", "--config"])
         .arg(&path)
         .env("RUST_LOG", "warn")
@@ -179,16 +181,21 @@ async fn router_round(conn: &Connection, n: usize) -> f64 {
         .unwrap();
     assert!(status.success(), "router exited with {status}");
     std::fs::remove_file(path).unwrap();
-    let mut queues: Vec<String> = plan
-        .bucket_queues()
+    let mut queues: Vec<String> = rules
+        .topology()
+        .bucket_names()
         .into_iter()
-        .map(|(q, _)| q.to_string())
+        .map(|q| q.to_string())
         .collect();
     queues.extend(
         [&names.ingress, &names.expired, &names.parked, &names.state].map(|q| q.to_string()),
     );
     delete_queues(&ch, &queues).await;
-    for e in [&names.router_exchange, &names.expired_exchange] {
+    for e in [
+        &names.router_exchange,
+        &names.expired_exchange,
+        &names.presence,
+    ] {
         let _ = ch
             .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
             .await;
@@ -277,29 +284,51 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         let conn = Connection::connect(URL, ConnectionProperties::default()).await.expect("broker");
+        let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
+        let baseline = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut baselines, mut vs_baseline) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
-            // Alternate who goes first so neither always runs on a warmer broker.
-            let (r, s) = if round % 2 == 1 {
-                let r = router_round(&conn, n).await;
-                (r, shovel_round(&conn, n).await)
-            } else {
-                let s = shovel_round(&conn, n).await;
-                (router_round(&conn, n).await, s)
-            };
-            println!("round {round}: router {r:>8.0} msg/s   shovel {s:>8.0} msg/s   ratio {:.2}", r / s);
+            // Rotate who goes first so nobody always runs on a warmer broker.
+            let mut contenders = vec![Some(this.clone()), None];
+            if let Some(b) = &baseline {
+                contenders.push(Some(b.clone()));
+            }
+            let len = contenders.len();
+            contenders.rotate_left((round - 1) % len);
+            let (mut r, mut s, mut b) = (0.0, 0.0, None);
+            for c in contenders {
+                match c {
+                    None => s = shovel_round(&conn, n).await,
+                    Some(bin) if bin == this => r = router_round(&conn, n, &bin).await,
+                    Some(bin) => b = Some(router_round(&conn, n, &bin).await),
+                }
+            }
+            match b {
+                Some(b) => {
+                    println!("round {round}: router {r:>8.0} msg/s   baseline {b:>8.0} msg/s   shovel {s:>8.0} msg/s   ratio {:.2}   router/baseline {:.2}", r / s, r / b);
+                    baselines.push(b);
+                    vs_baseline.push(r / b);
+                }
+                None => println!("round {round}: router {r:>8.0} msg/s   shovel {s:>8.0} msg/s   ratio {:.2}", r / s),
+            }
             routers.push(r);
             shovels.push(s);
             ratios.push(r / s);
         }
-        for v in [&mut routers, &mut shovels, &mut ratios] {
+        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
         println!();
         println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue");
         println!("| | min | median | max |");
         println!("|---|---|---|---|");
-        for (name, v, unit) in [("router msg/s", &routers, 0), ("shovel msg/s", &shovels, 0), ("ratio router/shovel", &ratios, 2)] {
+        let mut rows = vec![("router msg/s", &routers, 0), ("shovel msg/s", &shovels, 0), ("ratio router/shovel", &ratios, 2)];
+        if baseline.is_some() {
+            rows.push(("baseline msg/s", &baselines, 0));
+            rows.push(("ratio router/baseline", &vs_baseline, 2));
+        }
+        for (name, v, unit) in rows {
             println!(
                 "| {name} | {:.*} | {:.*} | {:.*} |",
                 unit, v[0], unit, percentile(v, 0.5), unit, v[v.len() - 1]

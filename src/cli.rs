@@ -1,10 +1,15 @@
-//! Command line: `run`, `declare` and `status`, each reading `--config` (default `./buckets.toml`).
+//! The command line (binary only): parses the arguments, runs the command
+//! from [`delay_router::commands`] or [`delay_router::router`], prints.
 
-use crate::config::Config;
-use crate::{broker, router, shutdown, status};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use delay_router::commands::{declare, parked, permissions, status};
+use delay_router::config::Config;
+use delay_router::core::decision::Rules;
+use delay_router::router::clock;
+use delay_router::{broker, router, shutdown};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// delay-router: delayed retries and delayed delivery for RabbitMQ.
 #[derive(Debug, Parser)]
@@ -25,6 +30,15 @@ pub enum Command {
     /// Look at, replay or purge the parked messages.
     #[command(subcommand)]
     Parked(ParkedCommand),
+    /// Print the rabbitmqctl commands that give the router's user and the
+    /// publishers the least privileges they need.
+    Permissions {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The publishers' broker user.
+        #[arg(long, default_value = "PUBLISHER")]
+        publisher: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,57 +91,37 @@ fn load(arg: &ConfigArg) -> anyhow::Result<Config> {
 /// Runs one command to completion.
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run(arg) => {
-            let config = load(&arg)?;
-            router::run(config, shutdown::signal()).await?;
-        }
-        Command::Declare(arg) => {
-            let config = load(&arg)?;
-            let conn =
-                broker::connect(&config.url, config.ca_file.as_ref(), "delay-router declare")
-                    .await?;
-            let plan = crate::decision::Plan::from_config(&config);
-            let names = &plan.names;
-            broker::declare(&conn, names, plan.queue_type, &plan.bucket_queues()).await?;
-            let _ = broker::timed(
-                "connection.close",
-                broker::RPC_TIMEOUT,
-                conn.close(200, "declared".into()),
-            )
-            .await;
-            println!(
-                "declared {} buckets, {}, {}, {} and {} on {}",
-                plan.ladder.rungs().len(),
-                names.router_exchange,
-                names.ingress,
-                names.expired,
-                names.parked,
-                config.url
-            );
-        }
-        Command::Parked(cmd) => parked(cmd).await?,
+        Command::Run(arg) => router::run(load(&arg)?, shutdown::signal()).await?,
+        Command::Declare(arg) => println!("{}", declare::declare(&load(&arg)?).await?),
         Command::Status(arg) => {
             let config = load(&arg)?;
-            let rows = status::collect(&config).await?;
-            print!("{}", status::render(&config, &rows));
+            let report = status::collect(&config).await?;
+            print!("{}", status::render(&config, &report));
+        }
+        Command::Parked(cmd) => parked_command(cmd).await?,
+        Command::Permissions { config, publisher } => {
+            print!("{}", permissions::report(&load(&config)?, &publisher));
         }
     }
     Ok(())
 }
 
-async fn parked(cmd: ParkedCommand) -> anyhow::Result<()> {
+async fn parked_command(cmd: ParkedCommand) -> anyhow::Result<()> {
     let arg = match &cmd {
         ParkedCommand::List { config, .. }
         | ParkedCommand::Replay { config, .. }
         | ParkedCommand::Purge { config, .. } => config,
     };
     let config = load(arg)?;
-    let names = crate::topology::Names::new(&config.prefix);
-    let conn = broker::connect(&config.url, config.ca_file.as_ref(), "delay-router parked").await?;
+    let rules = Rules::from_config(&config);
+    let names = &rules.names;
+    let ca = config.ca_file.as_ref();
+    let (conn, _) = broker::connect_any(&config.urls, 0, ca, "delay-router parked").await?;
+    let conn = Arc::new(conn);
     let result = match cmd {
         ParkedCommand::List { limit, .. } => {
-            let rows = crate::parked::list(&conn, &names, limit).await?;
-            print!("{}", crate::parked::render(&rows, router::now_ms()));
+            let rows = parked::list(&conn, names, limit).await?;
+            print!("{}", parked::render(&rows, clock::now_ms()));
             Ok(())
         }
         ParkedCommand::Replay {
@@ -136,25 +130,27 @@ async fn parked(cmd: ParkedCommand) -> anyhow::Result<()> {
             limit,
             ..
         } => {
-            let filter = crate::parked::Filter {
+            let filter = parked::Filter {
                 source_queue,
                 reason_contains: reason,
                 limit,
             };
-            let done = crate::parked::replay(&conn, &names, &filter).await?;
+            let done = parked::replay(conn.clone(), &rules, &filter).await?;
             println!(
-                "replayed {}, skipped {} (not matching), failed {} (no destination, or refused by it; still parked)",
+                "replayed {}, skipped {} (not matching), failed {} (no destination, not allowed, or refused by it; still parked)",
                 done.replayed, done.skipped, done.failed
             );
             Ok(())
         }
         ParkedCommand::Purge { yes, .. } => {
             if yes {
-                let n = crate::parked::purge(&conn, &names).await?;
+                let n = parked::purge(&conn, names).await?;
                 println!("purged {n} parked message(s) from {}", names.parked);
                 Ok(())
             } else {
-                let n = broker::depth(&conn, &names.parked).await?.unwrap_or(0);
+                let n = broker::probe::depth(&conn, &names.parked)
+                    .await?
+                    .unwrap_or(0);
                 Err(anyhow::anyhow!(
                     "refusing to purge {n} parked message(s) from {} without --yes",
                     names.parked
@@ -162,11 +158,6 @@ async fn parked(cmd: ParkedCommand) -> anyhow::Result<()> {
             }
         }
     };
-    let _ = broker::timed(
-        "connection.close",
-        broker::RPC_TIMEOUT,
-        conn.close(200, "done".into()),
-    )
-    .await;
+    broker::close_connection(&conn, "done").await;
     result
 }

@@ -2,28 +2,30 @@
 //! Publishes a copy of the delivery (body and every property) to the router
 //! exchange with the headers that route it back where it came from.
 
-use crate::broker::{CONFIRM_TIMEOUT, RPC_TIMEOUT};
-use crate::contract::{ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, REQUESTED_DELAY, integer};
-use crate::retry::ATTEMPTS;
+use crate::broker::BrokerError;
+use crate::broker::publish::{Message, Outcome, publish_once};
+use crate::core::contract::{ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, REQUESTED_DELAY, integer};
+use crate::core::reasons::BrokerReply;
+use crate::core::retry::ATTEMPTS;
 use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, LongString};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a retry could not be handed to the router.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("publishing to the router exchange failed: {0}")]
-    Publish(#[from] lapin::Error),
+    Publish(#[from] BrokerError),
     #[error(
         "the router exchange '{0}' routed the retry nowhere (is the router's topology declared?)"
     )]
     Unroutable(String),
     #[error("the broker refused the retry (basic.nack)")]
     Refused,
-    #[error("no answer from the broker within {0:?}")]
-    Timeout(Duration),
+    #[error("the broker closed the channel over the retry: {0}")]
+    ChannelClosed(BrokerReply),
 }
 
 /// The properties of a retry of `delivery` in `delay`: every property copied,
@@ -55,26 +57,21 @@ pub async fn retry_later(
     delivery: &Delivery,
     delay: Duration,
 ) -> Result<(), ClientError> {
-    let publish = ch.basic_publish(
-        router_exchange.into(),
-        delivery.routing_key.clone(),
-        BasicPublishOptions {
-            mandatory: true,
-            ..Default::default()
-        },
-        &delivery.data,
-        retry_properties(delivery, delay),
-    );
-    let confirm = tokio::time::timeout(RPC_TIMEOUT, publish)
-        .await
-        .map_err(|_| ClientError::Timeout(RPC_TIMEOUT))??;
-    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
-        .await
-        .map_err(|_| ClientError::Timeout(CONFIRM_TIMEOUT))??
-    {
-        Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
-        Confirmation::Ack(Some(_)) => Err(ClientError::Unroutable(router_exchange.to_owned())),
-        Confirmation::Nack(_) => Err(ClientError::Refused),
+    let message = Message {
+        exchange: &router_exchange.into(),
+        routing_key: &delivery.routing_key,
+        properties: &retry_properties(delivery, delay),
+        data: &Arc::new(delivery.data.clone()),
+    };
+    match publish_once(ch, message).await? {
+        Outcome::Confirmed => Ok(()),
+        Outcome::Returned => Err(ClientError::Unroutable(router_exchange.to_owned())),
+        Outcome::Nacked => Err(ClientError::Refused),
+        Outcome::ChannelClosed(reply) => Err(ClientError::ChannelClosed(reply)),
+        Outcome::ChannelGone => Err(ClientError::Publish(BrokerError::other(
+            "basic.publish",
+            "the channel is closed",
+        ))),
     }
 }
 

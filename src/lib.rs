@@ -5,52 +5,40 @@
 //! places each message in a bucket whose TTL fits, and when the bucket
 //! dead-letters it, publishes it to its original exchange and routing key.
 //!
-//! The pure core (no I/O; unit- and property-tested):
-//! - [`ladder`]: the bucket rungs, validated and sorted.
-//! - [`placement`]: which rung a message waits on for the time it has left.
-//! - [`contract`]: header names, and parsing of `x-requested-delay` and the destination.
-//! - [`envelope`]: how properties change in transit and are restored exactly on delivery.
-//! - [`park`]: why a message was parked, in words.
-//! - [`retry`]: retry policies, backoff with jitter, reading `x-death` rejections.
-//! - [`decision`]: what to do with a message at ingress or when a bucket expires it.
-//! - [`identity`]: stable message ids for messages that arrive without one.
-//! - [`wire`]: properties as encoded on the wire, and the header frame limit.
-//! - [`topology`]: names and arguments of everything declared.
-//! - [`window`]: the prefetch window, sized to a byte budget from observed message sizes.
-//! - [`config`]: `buckets.toml` plus environment overrides, validated once.
+//! Where a message's fate is **decided** — [`core`], pure, no I/O:
+//! - [`core::decision`]: [`Rules::decide`](core::decision::Rules::decide), the
+//!   one decision per delivery, returning its whole [`Plan`](core::decision::Plan);
+//!   its parts: [`core::ladder`], [`core::placement`], [`core::contract`]
+//!   (headers in and out), [`core::envelope`] (properties in transit),
+//!   [`core::parking`] and [`core::reasons`] (parked messages and why),
+//!   [`core::retry`], [`core::identity`] (derived message ids), [`core::wire`]
+//!   (frame sizes, what the broker accepts), [`core::topology`] (names and
+//!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`].
 //!
-//! The shell (talks to RabbitMQ; every await has a timeout):
-//! - [`broker`]: connecting, declaring, queue depths.
-//! - [`router`]: supervisor, sessions and the confirm-then-ack pipelines.
-//! - [`drift`]: checks the topology periodically and repairs what was deleted.
-//! - [`janitor`]: drains and removes buckets no longer in the ladder.
-//! - [`settle`]: acking source deliveries in bulk once their replacements are confirmed.
-//! - [`stats`]: counters of placements, deliveries, holds and parks.
-//! - [`status`]: the `status` report.
-//! - [`parked`]: `parked list|replay|purge`.
-//! - [`client`]: "retry this delivery in D" for consumers (the explicit path).
-//! - [`shutdown`], [`cli`]: signals and the command line.
+//! Where it is **carried out** — [`router`], the service: supervisor,
+//! session, pipelines, forwarding on the main and careful lanes, settling
+//! acks, the janitor and the drift watch.
+//!
+//! How it **talks to RabbitMQ** — [`broker`]: connect and close, declare,
+//! probe, publish with confirms. Every await has a timeout.
+//!
+//! What the **command line** does — [`commands`] (`declare`, `status`,
+//! `parked`, `permissions`; `run` is [`router::run`]). The binary itself
+//! (`src/main.rs`, `src/cli.rs`) only parses arguments and prints; it needs
+//! the `cli` feature (default), which brings clap and anyhow.
+//!
+//! Also: [`config`] (`buckets.toml` and the environment, validated once),
+//! [`client`] ("retry this delivery in D" for consumers), [`shutdown`]
+//! (signals), and with the `testkit` feature `testkit` (what the tests
+//! share).
 
 pub mod broker;
-pub mod cli;
 pub mod client;
+pub mod commands;
 pub mod config;
-pub mod contract;
-pub mod decision;
-pub mod drift;
-pub mod envelope;
-pub mod identity;
-pub mod janitor;
-pub mod ladder;
-pub mod park;
-pub mod parked;
-pub mod placement;
-pub mod retry;
+pub mod core;
 pub mod router;
-pub mod settle;
 pub mod shutdown;
-pub mod stats;
-pub mod status;
-pub mod topology;
-pub mod window;
-pub mod wire;
+
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;

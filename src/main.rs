@@ -1,10 +1,14 @@
+//! `delay-router`: parses the command line and runs it (see `cli`).
+
+mod cli;
+
 use clap::Parser;
-use delay_router::cli::{Cli, execute};
+use cli::{Cli, execute};
 use tracing_subscriber::EnvFilter;
 
 /// Log filter when `RUST_LOG` is unset. lapin logs every channel the broker
-/// closes at ERROR, including the passive probes the router makes on purpose
-/// (does this exchange exist?); the router logs the faults that matter itself.
+/// closes at ERROR, including the passive probes and the refused deliveries
+/// the router handles on purpose; the router logs what matters itself.
 const DEFAULT_LOG: &str = "info,lapin::channel=off";
 
 // One thread: the router is I/O-bound and shares small machines with the

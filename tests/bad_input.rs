@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use delay_router::wire;
+use delay_router::core::wire;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use std::time::Duration;

@@ -14,11 +14,9 @@
 
 mod common;
 use common::*;
-use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{BasicAckOptions, BasicPublishOptions};
+use lapin::types::AMQPValue;
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const LADDER: &[&str] = &["1s", "2s", "4s"];
@@ -34,14 +32,6 @@ fn messages() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000)
-}
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .expect("rabbitmqctl on PATH (the broker runs locally)");
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
 }
 
 struct Chaos {
@@ -107,19 +97,7 @@ async fn collect(
     quiet: Duration,
     within: Duration,
 ) -> BTreeMap<i64, Vec<String>> {
-    let ch = h.conn.create_channel().await.unwrap();
-    ch.basic_qos(1000, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "chaos-collector".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = Consumer::open(&h.conn, queue, Acks::Manual(1000)).await;
     let mut copies: BTreeMap<i64, Vec<String>> = BTreeMap::new();
     let deadline = Instant::now() + within;
     loop {
@@ -128,8 +106,8 @@ async fn collect(
         } else {
             Duration::from_secs(5)
         };
-        match tokio::time::timeout(wait, consumer.next()).await {
-            Ok(Some(Ok(d))) => {
+        match consumer.next_within(wait).await {
+            Some(d) => {
                 let seq = match header(&d, "seq") {
                     Some(AMQPValue::LongLongInt(s)) => *s,
                     other => panic!("seq header: {other:?}"),
@@ -140,7 +118,7 @@ async fn collect(
                     .as_ref()
                     .map_or_else(|| "(none)".to_owned(), |m| m.to_string());
                 // Headers of the router's own queues must not reach the destination.
-                let leaked = ["x-delivery-count", "x-death"]
+                let leaked = ["x-delivery-count", "x-acquired-count", "x-death"]
                     .iter()
                     .any(|k| header(&d, k).is_some());
                 copies.entry(seq).or_default().push(if leaked {
@@ -150,12 +128,11 @@ async fn collect(
                 });
                 d.ack(BasicAckOptions::default()).await.unwrap();
             }
-            Ok(other) => panic!("collector ended: {other:?}"),
-            Err(_) if copies.len() >= n || Instant::now() >= deadline => break,
-            Err(_) => {}
+            None if copies.len() >= n || Instant::now() >= deadline => break,
+            None => {}
         }
     }
-    let _ = ch.close(200, "done".into()).await;
+    consumer.close().await;
     copies
 }
 

@@ -2,9 +2,9 @@
 
 mod common;
 use common::*;
-use delay_router::identity;
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldArray, FieldTable};
+use delay_router::core::identity;
+use delay_router::testkit::props::{every_property, with_headers};
+use lapin::types::AMQPValue;
 use std::time::{Duration, Instant};
 
 const MARGIN: Duration = Duration::from_secs(3);
@@ -103,39 +103,14 @@ async fn body_and_every_property_arrive_unchanged() {
     let ex = h.exchange("orders").await;
     let q = h.queue("orders-eu").await;
     h.bind(&q, &ex, "orders.eu").await;
-    let mut nested = FieldTable::default();
-    nested.insert("k".into(), AMQPValue::Boolean(true));
-    let hdrs = headers(&[
-        ("x-requested-delay", AMQPValue::LongInt(200)),
-        ("x-original-exchange", s(&ex)),
-        ("x-original-routing-key", s("orders.eu")),
-        ("tenant", s("acme")),
-        ("n", AMQPValue::LongLongInt(-42)),
-        ("f", AMQPValue::Double(2.5)),
-        ("t", AMQPValue::FieldTable(nested)),
-        (
-            "a",
-            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongInt(1), s("two")])),
-        ),
-        (
-            "x-death",
-            AMQPValue::FieldArray(FieldArray::from(vec![s("sender's own")])),
-        ),
-    ]);
-    let props = BasicProperties::default()
-        .with_content_type("application/octet-stream".into())
-        .with_content_encoding("identity".into())
-        .with_headers(hdrs)
-        .with_delivery_mode(1)
-        .with_priority(7)
-        .with_correlation_id("corr-1".into())
-        .with_reply_to("replies".into())
-        .with_expiration("600000".into())
-        .with_message_id("msg-1".into())
-        .with_timestamp(1_700_000_000)
-        .with_type("order.created".into())
-        .with_user_id("guest".into())
-        .with_app_id("shop".into());
+    let props = with_headers(
+        every_property(),
+        &[
+            ("x-requested-delay", AMQPValue::LongInt(200)),
+            ("x-original-exchange", s(&ex)),
+            ("x-original-routing-key", s("orders.eu")),
+        ],
+    );
     let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     h.publish("ignored", props.clone(), &body).await;
     let got = h.receive(&q, 1, Duration::from_secs(10)).await;

@@ -4,10 +4,9 @@
 mod common;
 use common::*;
 use delay_router::client::retry_later;
-use futures_util::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::*;
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::FieldTable;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -95,27 +94,12 @@ async fn the_rust_client_retries_a_delivery_and_the_router_counts_it() {
     .unwrap()
     .await
     .unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            q.as_str().into(),
-            "c".into(),
-            Default::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = Consumer::open(&h.conn, &q, Acks::Manual(10)).await;
     let mut times = Vec::new();
     for attempt in 0..3 {
-        let d = tokio::time::timeout(Duration::from_secs(15), consumer.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let d = consumer.next(Duration::from_secs(15)).await;
         times.push(Instant::now());
-        let attempts = match header(&d, "x-delay-router-attempts") {
-            Some(AMQPValue::LongLongInt(n)) => Some(*n),
-            _ => None,
-        };
+        let attempts = header_int(&d.properties, "x-delay-router-attempts");
         assert_eq!(attempts, if attempt == 0 { None } else { Some(attempt) });
         assert_eq!(header_str(&d, "tenant").as_deref(), Some("acme"));
         assert_eq!(d.data, b"job");

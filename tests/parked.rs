@@ -55,14 +55,6 @@ async fn park_for(h: &Harness, dest: &str, n: usize) {
     }
 }
 
-async fn wait_depth(h: &Harness, queue: &str, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while h.depth(queue).await < n {
-        assert!(Instant::now() < deadline, "{queue} never reached {n}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn list_replay_and_purge_the_park() {
     let mut h = Harness::new(&["1s"], GIVE_UP_AT_ONCE).await;
@@ -99,7 +91,7 @@ async fn list_replay_and_purge_the_park() {
     // Two without a delay, for another queue.
     let other = h.queue("other").await;
     park_for(&h, &other, 2).await;
-    wait_depth(&h, &parked, 5).await;
+    h.wait_depth(&parked, 5).await;
     let path = write_config(&h.prefix, &["1s"], GIVE_UP_AT_ONCE);
 
     let (ok, out, err) = parked_cli(&path, &["list"]);
@@ -152,7 +144,7 @@ async fn a_replay_killed_midway_loses_nothing() {
     let dest = h.queue("dest").await;
     let parked = h.names.parked.to_string();
     park_for(&h, &dest, N).await;
-    wait_depth(&h, &parked, N as u32).await;
+    h.wait_depth(&parked, N as u32).await;
     h.stop_router().await.unwrap();
     let path = write_config(&h.prefix, &["1s"], "");
     let mut child = Command::new(BIN)

@@ -188,3 +188,68 @@ async fn a_message_published_straight_into_a_bucket_is_parked_not_dropped() {
     assert_eq!(parked[0].1.data, b"stray");
     h.cleanup().await;
 }
+
+/// AMQP's basic.return names no delivery tag, and lapin hands it to whichever
+/// confirm completes next. With many publishes in flight, routed and
+/// unroutable ones mixed, each must still get its own fate: the unroutable
+/// ones parked, the routed ones delivered, none lost, none both.
+#[tokio::test]
+async fn routed_and_unroutable_deliveries_in_flight_together_each_get_their_own_fate() {
+    const N: usize = 2000;
+    let mut h = Harness::start(&["1s", "2s"]).await;
+    let ex = h.exchange("mixed").await;
+    let q = h.queue("mixed-q").await;
+    h.bind(&q, &ex, "bound").await;
+    let props = |i: usize| {
+        let key = if i % 3 == 0 { "unbound" } else { "bound" };
+        BasicProperties::default()
+            .with_headers(headers(&[
+                ("x-requested-delay", AMQPValue::LongInt(0)),
+                ("x-original-exchange", s(&ex)),
+                ("x-original-routing-key", s(key)),
+            ]))
+            .with_message_id(i.to_string().into())
+    };
+    // One first, so the exchange is known and the rest share the main channel.
+    h.publish("k", props(1), b"m").await;
+    h.receive(&q, 1, Duration::from_secs(10)).await;
+    let mut confirms = Vec::new();
+    for i in 2..N {
+        let c =
+            h.ch.basic_publish(
+                h.names.router_exchange.clone(),
+                "k".into(),
+                Default::default(),
+                b"m",
+                props(i),
+            )
+            .await
+            .unwrap();
+        confirms.push(c);
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+    let unroutable = (2..N).filter(|i| i % 3 == 0).count();
+    let routed = N - 2 - unroutable;
+    let delivered = h.receive(&q, routed, Duration::from_secs(30)).await;
+    let parked = h
+        .receive(h.names.parked.as_str(), unroutable, Duration::from_secs(30))
+        .await;
+    for (_, d) in &delivered {
+        assert_ne!(id(d) % 3, 0, "message {} was unroutable", id(d));
+    }
+    for (_, d) in &parked {
+        assert_eq!(id(d) % 3, 0, "message {} was routed, yet parked", id(d));
+        let reason = header_str(d, "x-park-reason").unwrap();
+        assert!(reason.contains("NO_ROUTE"), "{reason}");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(h.depth(&q).await, 0, "nothing delivered twice");
+    assert_eq!(
+        h.depth(h.names.parked.as_str()).await,
+        0,
+        "nothing parked twice"
+    );
+    h.cleanup().await;
+}

@@ -84,3 +84,104 @@ async fn a_quorum_bucket_keeps_what_expires_while_the_router_queue_is_gone() {
     assert_eq!(ids.len(), N, "a classic bucket would have dropped them all");
     h.cleanup().await;
 }
+
+/// A message the router's quorum `expired` queue delivers too often (a
+/// router crashing on it again and again) ends in the park with RabbitMQ's
+/// reason, never dropped: RabbitMQ 4 limits deliveries by default, and the
+/// router makes the limit and its target explicit on every version.
+#[tokio::test]
+async fn a_message_delivered_too_often_is_parked_not_dropped() {
+    use delay_router::core::topology::DELIVERY_LIMIT;
+    use lapin::options::BasicPublishOptions;
+    let h = Harness::new(&["1s"], QUORUM).await;
+    delay_router::broker::declare::declare(
+        &h.conn,
+        &delay_router::core::decision::Rules::from_config(&h.config).topology(),
+    )
+    .await
+    .unwrap();
+    let c =
+        h.ch.basic_publish(
+            h.names.expired_exchange.clone(),
+            "".into(),
+            BasicPublishOptions::default(),
+            b"poison",
+            lapin::BasicProperties::default().with_message_id("p".into()),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(c.is_ack());
+    // As a router that takes it and dies, over and over: its channel closes
+    // with the delivery unacked. (RabbitMQ 4 counts that, and a reject, but
+    // not a nack with requeue, as a failed delivery.)
+    for _ in 0..=DELIVERY_LIMIT {
+        let mut consumer = Consumer::open(&h.conn, h.names.expired.as_str(), Acks::Manual(1)).await;
+        consumer.next(Duration::from_secs(10)).await;
+        consumer.close().await;
+    }
+    let parked = h
+        .receive(h.names.parked.as_str(), 1, Duration::from_secs(10))
+        .await;
+    assert_eq!(parked[0].1.data, b"poison");
+    assert_eq!(
+        header_str(&parked[0].1, "x-first-death-reason").as_deref(),
+        Some("delivery_limit")
+    );
+    assert_eq!(h.depth(h.names.expired.as_str()).await, 0);
+    h.cleanup().await;
+}
+
+/// A quorum prefix whose queues an earlier version declared without the
+/// delivery limit keeps working: those queues are kept, with a warning.
+#[tokio::test]
+async fn a_quorum_prefix_declared_by_an_earlier_version_keeps_working() {
+    let mut h = Harness::new(&["1s"], QUORUM).await;
+    let mut args = lapin::types::FieldTable::default();
+    args.insert("x-queue-type".into(), s("quorum"));
+    for q in [&h.names.expired, &h.names.parked] {
+        h.ch.queue_declare(
+            q.clone(),
+            lapin::options::QueueDeclareOptions::durable(),
+            args.clone(),
+        )
+        .await
+        .unwrap();
+    }
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    h.publish(
+        "k",
+        to_queue(&q, AMQPValue::LongInt(1200)).with_message_id("1".into()),
+        b"old",
+    )
+    .await;
+    let got = h.receive(&q, 1, Duration::from_secs(15)).await;
+    assert_eq!(got[0].1.data, b"old");
+    h.cleanup().await;
+}
+
+/// `parked list` reads without acking, so every listing returns the parked
+/// messages to their queue, which a quorum queue counts as a failed
+/// delivery: listing the park often must never dead-letter anything.
+#[tokio::test]
+async fn listing_a_quorum_park_many_times_loses_nothing() {
+    let mut h = Harness::new(&["1s"], QUORUM).await;
+    h.start_router().await;
+    h.publish(
+        "k",
+        to_queue("nowhere", s("soon")).with_message_id("bad".into()),
+        b"parked",
+    )
+    .await;
+    h.wait_depth(h.names.parked.as_str(), 1).await;
+    for _ in 0..(delay_router::core::topology::DELIVERY_LIMIT + 5) {
+        let rows = delay_router::commands::parked::list(&h.conn, &h.names, None)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+    }
+    assert_eq!(h.depth(h.names.parked.as_str()).await, 1);
+    h.cleanup().await;
+}

@@ -4,21 +4,12 @@
 
 mod common;
 use common::*;
-use futures_util::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::*;
-use lapin::types::{AMQPValue, FieldTable};
+
 use std::time::{Duration, Instant};
 
 const POLICY: &str = "[placement]\nstrategy = \"cascade\"\n[[policy]]\nqueue = \"*.work\"\ninitial = \"1s\"\nmultiplier = 2.0\nmax_delay = \"10s\"\njitter = 0.0\nmax_attempts = 4\n";
-
-fn int(d: &lapin::message::Delivery, key: &str) -> Option<i64> {
-    match header(d, key)? {
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        _ => None,
-    }
-}
 
 /// A work queue bound to `exchange` with `key`, dead-lettering to the router.
 async fn work_queue(h: &mut Harness, exchange: &str, key: &str) -> String {
@@ -36,17 +27,7 @@ async fn a_consumer_that_only_nacks_gets_policy_delays_then_success() {
     let observer = h.queue("observer").await;
     h.bind(&observer, &ex, "eu").await;
 
-    let ch = h.conn.create_channel().await.unwrap();
-    ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            work.as_str().into(),
-            "worker".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = Consumer::open(&h.conn, &work, Acks::Manual(10)).await;
     h.ch.basic_publish(
         ex.as_str().into(),
         "eu".into(),
@@ -61,14 +42,10 @@ async fn a_consumer_that_only_nacks_gets_policy_delays_then_success() {
     // Fail twice, then succeed.
     let mut seen = Vec::new();
     for attempt in 1..=3 {
-        let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let d = consumer.next(Duration::from_secs(20)).await;
         seen.push((
             Instant::now(),
-            int(&d, "x-delay-router-attempts"),
+            header_int(&d.properties, "x-delay-router-attempts"),
             d.data.clone(),
         ));
         if attempt < 3 {
@@ -110,7 +87,7 @@ async fn a_consumer_that_only_nacks_gets_policy_delays_then_success() {
         "no extra copies to other queues on the same binding"
     );
     assert_eq!(h.depth(h.names.parked.as_str()).await, 0);
-    let _ = ch.close(200, "done".into()).await;
+    consumer.close().await;
     h.cleanup().await;
 }
 
@@ -120,16 +97,7 @@ async fn the_last_allowed_failure_is_parked_with_attempts_and_source() {
     h.start_router().await;
     let ex = h.exchange("jobs").await;
     let work = work_queue(&mut h, &ex, "run").await;
-    let ch = h.conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            work.as_str().into(),
-            "always-fails".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let mut consumer = Consumer::open(&h.conn, &work, Acks::Manual(10)).await;
     let t0 = Instant::now();
     h.ch.basic_publish(
         ex.as_str().into(),
@@ -143,11 +111,7 @@ async fn the_last_allowed_failure_is_parked_with_attempts_and_source() {
     .await
     .unwrap();
     for _ in 0..4 {
-        let d = tokio::time::timeout(Duration::from_secs(20), consumer.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let d = consumer.next(Duration::from_secs(20)).await;
         d.acker
             .reject(BasicRejectOptions { requeue: false })
             .await
@@ -161,14 +125,17 @@ async fn the_last_allowed_failure_is_parked_with_attempts_and_source() {
     assert!(t0.elapsed() >= Duration::from_secs(7));
     let reason = header_str(d, "x-park-reason").unwrap();
     assert!(reason.starts_with("gave up after 4 attempts"), "{reason}");
-    assert_eq!(int(d, "x-delay-router-attempts"), Some(4));
+    assert_eq!(
+        header_int(&d.properties, "x-delay-router-attempts"),
+        Some(4)
+    );
     assert_eq!(
         header_str(d, "x-delay-router-source-queue").as_deref(),
         Some(work.as_str())
     );
     let (first, last) = (
-        int(d, "x-delay-router-first-failure").unwrap(),
-        int(d, "x-delay-router-last-failure").unwrap(),
+        header_int(&d.properties, "x-delay-router-first-failure").unwrap(),
+        header_int(&d.properties, "x-delay-router-last-failure").unwrap(),
     );
     assert!(last - first >= 7_000, "first {first} last {last}");
     assert_eq!(d.data, b"job");
@@ -178,7 +145,7 @@ async fn the_last_allowed_failure_is_parked_with_attempts_and_source() {
         0,
         "a parked message is not retried again"
     );
-    let _ = ch.close(200, "done".into()).await;
+    consumer.close().await;
     h.cleanup().await;
 }
 

@@ -1,7 +1,7 @@
 //! `amqps://`: the router connects over TLS (rustls) trusting the CA named by
 //! `[amqp] ca_file`, and refuses a broker whose certificate it cannot verify,
 //! without showing the password. scripts/ensure-rabbitmq-tls gives the local
-//! broker an AMQPS listener on 5671 with a throwaway CA.
+//! broker an AMQPS listener (5671; DELAY_ROUTER_TEST_TLS_PORT) with a throwaway CA.
 
 mod common;
 use common::*;
@@ -9,12 +9,25 @@ use lapin::types::AMQPValue;
 use std::process::Command;
 use std::time::Duration;
 
+/// The AMQPS port of the broker under test: DELAY_ROUTER_TEST_TLS_PORT or 5671.
+fn tls_port() -> String {
+    std::env::var("DELAY_ROUTER_TEST_TLS_PORT").unwrap_or_else(|_| "5671".into())
+}
+
 /// Starts (once per machine) the broker's TLS listener; returns the CA path.
+/// For another broker than the default, DELAY_ROUTER_TEST_CTL and
+/// DELAY_ROUTER_TEST_BROKER_ROOT say how to reach it and where its files are.
 fn tls_ca() -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq-tls");
-    let out = Command::new(script)
-        .output()
-        .expect("run scripts/ensure-rabbitmq-tls");
+    let mut cmd = Command::new(script);
+    cmd.args(["--port", &tls_port()]);
+    if let Ok(ctl) = std::env::var("DELAY_ROUTER_TEST_CTL") {
+        cmd.args(["--rabbitmqctl", &ctl]);
+    }
+    if let Ok(root) = std::env::var("DELAY_ROUTER_TEST_BROKER_ROOT") {
+        cmd.args(["--broker-root", &root]);
+    }
+    let out = cmd.output().expect("run scripts/ensure-rabbitmq-tls");
     assert!(
         out.status.success(),
         "scripts/ensure-rabbitmq-tls failed:\n{}",
@@ -25,11 +38,7 @@ fn tls_ca() -> String {
 
 /// Whether the broker sees this prefix's router connections over TLS.
 fn router_connections_use_tls(prefix: &str) -> Vec<bool> {
-    let out = Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "ssl", "client_properties"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    rabbitmqctl(&["list_connections", "-q", "ssl", "client_properties"])
         .lines()
         .filter(|l| {
             l.contains(&format!("delay-router consume {prefix}"))
@@ -42,8 +51,9 @@ fn router_connections_use_tls(prefix: &str) -> Vec<bool> {
 #[tokio::test]
 async fn the_router_works_over_amqps_with_its_ca_file() {
     let ca = tls_ca();
+    let port = tls_port();
     let extra =
-        format!("[amqp]\nurl = \"amqps://guest:guest@localhost:5671/%2f\"\nca_file = \"{ca}\"\n");
+        format!("[amqp]\nurl = \"amqps://guest:guest@localhost:{port}/%2f\"\nca_file = \"{ca}\"\n");
     let mut h = Harness::new(&["1s", "2s"], &extra).await;
     h.start_router().await;
     assert_eq!(router_connections_use_tls(&h.prefix), vec![true, true]);
@@ -80,14 +90,15 @@ async fn an_unverifiable_certificate_is_refused_without_leaking_the_password() {
     tls_ca();
     let h = Harness::new(&["1s"], "").await;
     // No ca_file: the throwaway CA is not among the system's roots.
+    let port = tls_port();
     let (code, stderr) = declare_with(
         &h.prefix,
-        "[amqp]\nurl = \"amqps://guest:s3cret-pw@localhost:5671/%2f\"\n",
+        &format!("[amqp]\nurl = \"amqps://guest:s3cret-pw@localhost:{port}/%2f\"\n"),
     );
     assert_ne!(code, Some(0), "{stderr}");
     assert!(stderr.contains("invalid peer certificate"), "{stderr}");
     assert!(
-        stderr.contains("amqps://guest:***@localhost:5671"),
+        stderr.contains(&format!("amqps://guest:***@localhost:{port}")),
         "{stderr}"
     );
     assert!(!stderr.contains("s3cret-pw"), "{stderr}");

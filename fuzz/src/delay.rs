@@ -30,13 +30,15 @@
 //!   same `InvalidDelay` error.
 
 use crate::plans::{NOW, plans};
-use delay_router::contract::{
+use delay_router::core::contract::{
     DelayError, MAX_DELAY, ORIGINAL_EXCHANGE, REQUESTED_DELAY, parse_delay, parse_delay_str,
 };
-use delay_router::decision::Action;
-use delay_router::envelope::read_transit;
-use delay_router::park::ParkReason;
-use delay_router::placement::{HOLD_BELOW, PRIORITY_LEVELS, Placement, Strategy, place};
+use delay_router::core::decision::Action;
+use delay_router::core::envelope::read_transit;
+use delay_router::core::placement::{
+    HOLD_BELOW, PRIORITY_LEVELS, Placement, PlacementStrategy, place,
+};
+use delay_router::core::reasons::ParkReason;
 use lapin::BasicProperties;
 use lapin::types::parsing::parse_value;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -199,15 +201,20 @@ pub fn check_accepted(d: Duration) {
         "{human:?} does not read back"
     );
     for named in plans() {
-        first_placement(&named.name, named.plan.strategy, &named.plan.ladder, d);
+        first_placement(&named.name, named.rules.strategy, &named.rules.ladder, d);
     }
     // Whole sequences on the shipped ladder, where ten years is 3,650 hops.
     for named in plans().iter().filter(|n| n.name.starts_with("shipped/")) {
-        simulate(&named.name, named.plan.strategy, &named.plan.ladder, d);
+        simulate(&named.name, named.rules.strategy, &named.rules.ladder, d);
     }
 }
 
-fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladder, d: Duration) {
+fn first_placement(
+    name: &str,
+    s: PlacementStrategy,
+    ladder: &delay_router::core::ladder::Ladder,
+    d: Duration,
+) {
     let rungs = ladder.rungs();
     let Some(p) = place(s, ladder, d) else {
         assert!(d.is_zero(), "[{name}] {d:?} not placed");
@@ -216,7 +223,7 @@ fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladde
     assert!(!d.is_zero(), "[{name}] a due message was placed");
     match (s, p) {
         (
-            Strategy::RoundUp,
+            PlacementStrategy::RoundUp,
             Placement::Bucket {
                 rung,
                 expiration,
@@ -236,7 +243,7 @@ fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladde
             assert_eq!((expiration, priority), (None, None), "[{name}]");
         }
         (
-            Strategy::Priority,
+            PlacementStrategy::Priority,
             Placement::Bucket {
                 rung,
                 expiration,
@@ -260,7 +267,7 @@ fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladde
             }
         }
         (
-            Strategy::Cascade,
+            PlacementStrategy::Cascade,
             Placement::Bucket {
                 rung,
                 expiration,
@@ -279,7 +286,7 @@ fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladde
             );
             assert_eq!((expiration, priority), (None, None), "[{name}]");
         }
-        (Strategy::Cascade, Placement::Hold(h)) => {
+        (PlacementStrategy::Cascade, Placement::Hold(h)) => {
             assert_eq!(h, d, "[{name}] holds {h:?} of {d:?}");
             assert!(
                 d < HOLD_BELOW || d < ladder.smallest().ttl,
@@ -290,7 +297,12 @@ fn first_placement(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladde
     }
 }
 
-fn simulate(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladder, d: Duration) {
+fn simulate(
+    name: &str,
+    s: PlacementStrategy,
+    ladder: &delay_router::core::ladder::Ladder,
+    d: Duration,
+) {
     let (mut left, mut waited, mut hops) = (d, Duration::ZERO, 0);
     while let Some(p) = place(s, ladder, left) {
         let wait = match p {
@@ -315,7 +327,7 @@ fn simulate(name: &str, s: Strategy, ladder: &delay_router::ladder::Ladder, d: D
         waited >= d,
         "[{name}] {d:?}: delivered early, after {waited:?}"
     );
-    if s == Strategy::Cascade {
+    if s == PlacementStrategy::Cascade {
         assert_eq!(waited, d, "[{name}] cascade is exact");
     } else {
         assert!(
@@ -335,14 +347,14 @@ fn through_plans(v: &AMQPValue, parsed: &Result<Duration, DelayError>) {
     );
     let p = BasicProperties::default().with_headers(h);
     for named in plans() {
-        let (name, plan) = (&named.name, &named.plan);
-        let action = plan.on_ingress(&"k".into(), &p, NOW, 0.5);
+        let (name, rules) = (&named.name, &named.rules);
+        let action = rules.on_ingress(&"k".into(), &p, NOW, 0.5);
         match (parsed, action) {
             (Err(e), Action::Park { reason, .. }) => {
                 assert_eq!(reason, ParkReason::InvalidDelay(e.clone()), "[{name}]")
             }
             (Ok(d), Action::Deliver { after, .. }) => {
-                match place(plan.strategy, &plan.ladder, *d) {
+                match place(rules.strategy, &rules.ladder, *d) {
                     None => assert!(after.is_zero(), "[{name}]"),
                     Some(Placement::Hold(h)) => assert_eq!(after, h, "[{name}]"),
                     Some(other) => {
@@ -356,13 +368,15 @@ fn through_plans(v: &AMQPValue, parsed: &Result<Duration, DelayError>) {
                     queue, properties, ..
                 },
             ) => {
-                let Some(Placement::Bucket { rung, .. }) = place(plan.strategy, &plan.ladder, *d)
+                let Some(Placement::Bucket { rung, .. }) = place(rules.strategy, &rules.ladder, *d)
                 else {
                     panic!("[{name}] {d:?} placed in {queue} at ingress")
                 };
                 assert_eq!(
                     queue,
-                    plan.names.bucket(plan.strategy, &plan.ladder.rungs()[rung]),
+                    rules
+                        .names
+                        .bucket(rules.strategy, &rules.ladder.rungs()[rung]),
                     "[{name}]"
                 );
                 let t = read_transit(&properties).expect("transit headers");

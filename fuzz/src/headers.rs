@@ -1,5 +1,5 @@
 //! The `headers` target: a header table in AMQP wire format, plus a trailer of
-//! properties, through `on_ingress` and `on_expired` under every plan.
+//! properties, through `on_ingress` and `on_expired` under every set of rules.
 //!
 //! # Input layout
 //!
@@ -28,7 +28,7 @@
 //! - Park: a non-empty reason, in `x-park-reason`, `x-parked-at` = now,
 //!   persistent, no expiration; replaying it (`envelope::unpark`) gives back
 //!   the sender's message when the sender kept to the contract.
-//! - Wait: ttl > 0 and equal to the TTL of a bucket queue the plan declares;
+//! - Wait: ttl > 0 and equal to the TTL of a bucket queue the rules declare;
 //!   readable transit headers with the same destination and deadline on every
 //!   hop, hops counting 1, 2, ...; persistent; priority buckets carry a
 //!   priority below `x-max-priority` and an expiration no longer than the TTL.
@@ -45,12 +45,13 @@
 
 use crate::plans::{NOW, Named, plans};
 use crate::props::{dead_letter, honours_contract, same, sender_view};
-use delay_router::contract::{PARK_REASON, PARKED_AT, REQUESTED_DELAY, integer};
-use delay_router::decision::{Action, Plan};
-use delay_router::envelope::{PERSISTENT, leave_transit, read_transit, unpark};
-use delay_router::park::ParkReason;
-use delay_router::placement::{HOLD_BELOW, PRIORITY_LEVELS, Strategy};
-use delay_router::retry::{self, ATTEMPTS};
+use delay_router::core::contract::{PARK_REASON, PARKED_AT, REQUESTED_DELAY, integer};
+use delay_router::core::decision::{Action, Rules};
+use delay_router::core::envelope::{PERSISTENT, leave_transit, read_transit};
+use delay_router::core::parking::unpark;
+use delay_router::core::placement::{HOLD_BELOW, PRIORITY_LEVELS, PlacementStrategy};
+use delay_router::core::reasons::ParkReason;
+use delay_router::core::retry::{self, ATTEMPTS};
 use lapin::BasicProperties;
 use lapin::types::parsing::parse_field_table;
 use lapin::types::{AMQPValue, LongString, ShortString};
@@ -180,7 +181,7 @@ pub fn run(data: &[u8]) {
     }
 }
 
-/// Every check for one message, under every plan.
+/// Every check for one message, under every set of rules.
 pub fn check(m: &Message) {
     for named in plans() {
         let c = Checker::new(named);
@@ -191,7 +192,7 @@ pub fn check(m: &Message) {
 
 struct Checker<'a> {
     name: &'a str,
-    plan: &'a Plan,
+    rules: &'a Rules,
     buckets: &'a HashMap<ShortString, Duration>,
 }
 
@@ -199,7 +200,7 @@ impl<'a> Checker<'a> {
     fn new(named: &'a Named) -> Self {
         Self {
             name: &named.name,
-            plan: &named.plan,
+            rules: &named.rules,
             buckets: &named.buckets,
         }
     }
@@ -207,7 +208,7 @@ impl<'a> Checker<'a> {
     /// A message published to (or dead-lettered into) the router exchange.
     fn ingress(&self, rk: &ShortString, sender: &BasicProperties, now: i64, unit: f64, round: u8) {
         let name = self.name;
-        let action = self.plan.on_ingress(rk, sender, now, unit);
+        let action = self.rules.on_ingress(rk, sender, now, unit);
         match action {
             Action::Park { reason, properties } => {
                 self.parked(&reason, &properties, sender, now, "ingress");
@@ -248,7 +249,7 @@ impl<'a> Checker<'a> {
         mut queue: ShortString,
         mut ttl: Duration,
         mut properties: BasicProperties,
-        first: delay_router::envelope::Transit,
+        first: delay_router::core::envelope::Transit,
         mut t: i64,
         unit: f64,
         round: u8,
@@ -259,7 +260,7 @@ impl<'a> Checker<'a> {
             hops += 1;
             assert!(!ttl.is_zero(), "[{name}] hop {hops}: bucket ttl is zero");
             let declared = self.buckets.get(&queue).unwrap_or_else(|| {
-                panic!("[{name}] hop {hops}: placed in {queue:?}, which the plan does not declare")
+                panic!("[{name}] hop {hops}: placed in {queue:?}, which the rules do not declare")
             });
             assert_eq!(
                 *declared, ttl,
@@ -285,8 +286,8 @@ impl<'a> Checker<'a> {
             let stay = match properties.expiration() {
                 Some(e) => {
                     assert_eq!(
-                        self.plan.strategy,
-                        Strategy::Priority,
+                        self.rules.strategy,
+                        PlacementStrategy::Priority,
                         "[{name}] expiration {e} set outside the priority strategy"
                     );
                     let ms: u64 = e.as_str().parse().unwrap_or_else(|_| {
@@ -300,7 +301,7 @@ impl<'a> Checker<'a> {
                 }
                 None => ttl_ms,
             };
-            if self.plan.strategy == Strategy::Priority {
+            if self.rules.strategy == PlacementStrategy::Priority {
                 let pr = properties.priority().unwrap_or_else(|| {
                     panic!("[{name}] hop {hops}: no priority in a priority bucket")
                 });
@@ -325,7 +326,7 @@ impl<'a> Checker<'a> {
                 hops <= MAX_HOPS + 1,
                 "[{name}] still placed after the deadline"
             );
-            match self.plan.on_expired(&expired, t) {
+            match self.rules.on_expired(&expired, t) {
                 Action::Wait {
                     queue: q,
                     ttl: next_ttl,
@@ -378,7 +379,7 @@ impl<'a> Checker<'a> {
     /// the queue dead-letters it to the router (zero-code retries).
     fn reject_once(
         &self,
-        destination: &delay_router::contract::Destination,
+        destination: &delay_router::core::contract::Destination,
         delivered: &BasicProperties,
         now: i64,
         unit: f64,
@@ -396,7 +397,7 @@ impl<'a> Checker<'a> {
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0);
         let failures = before.saturating_add(1);
-        let policy = retry::find(&self.plan.policies, queue);
+        let policy = retry::find(&self.rules.policies, queue);
         let explicit = rejected
             .headers()
             .as_ref()
@@ -410,7 +411,7 @@ impl<'a> Checker<'a> {
             );
         };
         match self
-            .plan
+            .rules
             .on_ingress(&destination.routing_key, &rejected, now, unit)
         {
             Action::Park { reason, properties } => match (&reason, policy) {
@@ -432,7 +433,7 @@ impl<'a> Checker<'a> {
                 }
                 (ParkReason::InvalidDelay(_), _) => assert!(explicit),
                 (ParkReason::InvalidDestination(_), _) => assert!(queue.len() > 255),
-                (ParkReason::UserIdMismatch { .. }, _) => {}
+                (ParkReason::Unacceptable(_), _) => {}
                 (other, _) => panic!("[{name}] retry of {queue} parked: {other}"),
             },
             Action::Deliver { properties, .. } => {
@@ -461,10 +462,19 @@ impl<'a> Checker<'a> {
     /// The raw input as if a bucket had expired it: whatever it carries.
     fn expired_raw(&self, p: &BasicProperties, now: i64) {
         let name = self.name;
-        match self.plan.on_expired(p, now) {
+        match self.rules.on_expired(p, now) {
             Action::Park { reason, properties } => {
+                // Anything may be written into a bucket by hand: transit
+                // headers missing, or naming the router's own queues, or
+                // saved properties the broker would refuse from the router.
                 assert!(
-                    matches!(reason, ParkReason::NotInTransit(_)),
+                    matches!(
+                        reason,
+                        ParkReason::NotInTransit(_)
+                            | ParkReason::Unacceptable(_)
+                            | ParkReason::OwnDestination { .. }
+                            | ParkReason::DestinationIsRouter(_)
+                    ),
                     "[{name}] expiry parked: {reason}"
                 );
                 self.parked(&reason, &properties, p, now, "expiry");
@@ -561,12 +571,12 @@ impl<'a> Checker<'a> {
         }
         let name = self.name;
         assert_eq!(
-            self.plan.strategy,
-            Strategy::Cascade,
+            self.rules.strategy,
+            PlacementStrategy::Cascade,
             "[{name}] {at}: held {after:?} outside cascade"
         );
         assert!(
-            after < HOLD_BELOW || after < self.plan.ladder.smallest().ttl,
+            after < HOLD_BELOW || after < self.rules.ladder.smallest().ttl,
             "[{name}] {at}: held {after:?}, a bucket's worth"
         );
     }
@@ -574,7 +584,7 @@ impl<'a> Checker<'a> {
     fn assert_not_router(&self, exchange: &ShortString, what: &str) {
         assert_ne!(
             exchange.as_str(),
-            self.plan.names.router_exchange.as_str(),
+            self.rules.names.router_exchange.as_str(),
             "[{}] {what} is the router exchange",
             self.name
         );

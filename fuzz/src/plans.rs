@@ -1,10 +1,9 @@
 //! The plans every input is run through: three ladders, each under the three
 //! placement strategies.
 
-use delay_router::decision::Plan;
-use delay_router::ladder::Ladder;
-use delay_router::placement::Strategy;
-use delay_router::retry::Policy;
+use delay_router::core::decision::Rules;
+use delay_router::core::ladder::Ladder;
+use delay_router::core::retry::Policy;
 use lapin::types::ShortString;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -16,13 +15,13 @@ pub const NOW: i64 = 1_800_000_000_000;
 /// The AMQP user the router publishes as.
 pub const ROUTER_USER: &str = "guest";
 
-pub const STRATEGIES: [Strategy; 3] = [Strategy::RoundUp, Strategy::Priority, Strategy::Cascade];
+pub use delay_router::testkit::rules::STRATEGIES;
 
-/// One plan and a short name for panic messages.
+/// One set of rules and a short name for panic messages.
 #[derive(Debug)]
 pub struct Named {
     pub name: String,
-    pub plan: Plan,
+    pub rules: Rules,
     /// The bucket queues the plan declares, with their TTLs.
     pub buckets: HashMap<ShortString, Duration>,
 }
@@ -30,20 +29,13 @@ pub struct Named {
 /// A prefix of the longest length config accepts (`MAX_PREFIX_LEN`), so
 /// bucket names come close to AMQP's 255-byte limit.
 pub fn long_prefix() -> String {
-    let mut p = "o".repeat(delay_router::topology::MAX_PREFIX_LEN - 2);
+    let mut p = "o".repeat(delay_router::core::topology::MAX_PREFIX_LEN - 2);
     p.push_str("_:");
     p
 }
 
 fn ladders() -> Vec<(&'static str, String, Ladder, Vec<Policy>)> {
-    let fuzz_core = Policy {
-        queue: "*".into(),
-        initial: Duration::from_secs(1),
-        multiplier: 3.0,
-        max_delay: Duration::from_secs(60),
-        jitter: 0.5,
-        max_attempts: 3,
-    };
+    let fuzz_core = delay_router::testkit::rules::any_queue_policy();
     // buckets.toml's ladder and its commented example policy.
     let shipped = Policy {
         queue: "orders.*".into(),
@@ -59,7 +51,7 @@ fn ladders() -> Vec<(&'static str, String, Ladder, Vec<Policy>)> {
             queue: "a?c*".into(),
             initial: Duration::from_nanos(1),
             multiplier: 1e300,
-            max_delay: delay_router::contract::MAX_DELAY,
+            max_delay: delay_router::core::contract::MAX_DELAY,
             jitter: 1.0,
             max_attempts: u32::MAX,
         },
@@ -103,16 +95,16 @@ pub fn plans() -> &'static [Named] {
         let mut out = Vec::new();
         for (name, prefix, ladder, policies) in ladders() {
             for s in STRATEGIES {
-                let plan =
-                    Plan::new(&ladder, s, &prefix, ROUTER_USER).with_policies(policies.clone());
-                let buckets = plan
+                let rules =
+                    Rules::new(&ladder, s, &prefix, ROUTER_USER).with_policies(policies.clone());
+                let buckets = rules
                     .names
-                    .buckets(plan.strategy, &plan.ladder)
+                    .buckets(rules.strategy, &rules.ladder)
                     .map(|(q, r)| (q, r.ttl))
                     .collect();
                 out.push(Named {
                     name: format!("{name}/{s}"),
-                    plan,
+                    rules,
                     buckets,
                 });
             }

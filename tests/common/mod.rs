@@ -3,15 +3,20 @@
 #![allow(dead_code)]
 
 use delay_router::config::Config;
-use delay_router::decision::Plan;
-use delay_router::placement::Strategy;
+use delay_router::core::decision::Rules;
+use delay_router::core::placement::PlacementStrategy;
+use delay_router::core::topology::Names;
+use delay_router::router::stats::Stats;
 use delay_router::router::{self, RouterError};
-use delay_router::topology::Names;
-use futures_util::StreamExt;
+#[allow(unused_imports)]
+pub use delay_router::testkit::consume::{Acks, Consumer};
+#[allow(unused_imports)]
+pub use delay_router::testkit::props::{header_int, headers, s};
 use lapin::message::Delivery;
 use lapin::options::*;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -26,13 +31,20 @@ pub fn random_prefix() -> String {
     format!("drt-{:08x}", rand::random::<u32>())
 }
 
+/// A configuration for `prefix` with this ladder and extra settings. The
+/// test broker's URL goes into the `[amqp]` table, the test's own when
+/// `extra` opens one without a `url`; a `url` in `extra` wins (a test that
+/// runs the router as another user derives it from [`url`] with [`url_as`]).
 pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
-    // `extra` may open its own [amqp] table; the URL then comes from the default.
-    let amqp = if extra.contains("[amqp]") {
-        String::new()
+    let mut extra = extra.to_owned();
+    let url_line = format!("url = \"{}\"", url());
+    if extra.contains("[amqp]") {
+        if !extra.lines().any(|l| l.trim_start().starts_with("url")) {
+            extra = extra.replacen("[amqp]", &format!("[amqp]\n{url_line}"), 1);
+        }
     } else {
-        format!("[amqp]\nurl = \"{}\"\n", url())
-    };
+        extra = format!("[amqp]\n{url_line}\n{extra}");
+    }
     // `extra` may open its own [topology] table; the prefix goes into it.
     let mut t = if extra.contains("[topology]") {
         let extra = extra.replacen(
@@ -40,9 +52,9 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
             &format!("[topology]\nprefix = \"{prefix}\""),
             1,
         );
-        format!("{amqp}{extra}\n")
+        format!("{extra}\n")
     } else {
-        format!("{amqp}[topology]\nprefix = \"{prefix}\"\n{extra}\n")
+        format!("[topology]\nprefix = \"{prefix}\"\n{extra}\n")
     };
     for rung in ladder {
         t.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
@@ -53,11 +65,7 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
 /// Closes every connection whose client properties name this prefix's router
 /// (its consume and publish connections), as a broker fault would; returns how many.
 pub fn close_router_connections(prefix: &str) -> usize {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(["list_connections", "-q", "pid", "client_properties"])
-        .output()
-        .expect("rabbitmqctl on PATH (the broker runs locally)");
-    let listing = String::from_utf8_lossy(&out.stdout);
+    let listing = rabbitmqctl(&["list_connections", "-q", "pid", "client_properties"]);
     let pids: Vec<&str> = listing
         .lines()
         .filter(|l| {
@@ -67,11 +75,7 @@ pub fn close_router_connections(prefix: &str) -> usize {
         .filter_map(|l| l.split('\t').next())
         .collect();
     for pid in &pids {
-        let status = std::process::Command::new("rabbitmqctl")
-            .args(["close_connection", pid, "test: simulated broker fault"])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        rabbitmqctl(&["close_connection", pid, "test: simulated broker fault"]);
     }
     pids.len()
 }
@@ -106,13 +110,27 @@ impl Drop for Spawned {
 
 /// Starts `delay-router run --config path` as its own process, logs to `log`.
 pub fn spawn_binary(path: &std::path::Path, log: &std::path::Path) -> Spawned {
+    spawn_binary_logging(path, log, None)
+}
+
+/// The router binary with `RUST_LOG` set to `filter` (e.g. to log each
+/// decision with its message id).
+pub fn spawn_binary_logging(
+    path: &std::path::Path,
+    log: &std::path::Path,
+    filter: Option<&str>,
+) -> Spawned {
+    let mut command = std::process::Command::new(BIN);
+    if let Some(filter) = filter {
+        command.env("RUST_LOG", filter);
+    }
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
     Spawned(
-        std::process::Command::new(BIN)
+        command
             .args(["run", "--config"])
             .arg(path)
             .stdout(std::process::Stdio::null())
@@ -128,6 +146,8 @@ pub struct Harness {
     pub names: Names,
     pub conn: Connection,
     pub ch: Channel,
+    /// What the in-process router counted (sessions, placements, parks).
+    pub stats: Arc<Stats>,
     stop: Option<oneshot::Sender<()>>,
     router: Option<JoinHandle<Result<(), RouterError>>>,
     queues: Vec<String>,
@@ -145,7 +165,13 @@ impl Harness {
 
     /// Everything but the router.
     pub async fn new(ladder: &[&str], extra: &str) -> Self {
-        let prefix = random_prefix();
+        Self::with_prefix(&random_prefix(), ladder, extra).await
+    }
+
+    /// Everything but the router, on a prefix the test chose.
+    pub async fn with_prefix(prefix: &str, ladder: &[&str], extra: &str) -> Self {
+        init_logs();
+        let prefix = prefix.to_owned();
         let config = Config::from_toml(&config_toml(&prefix, ladder, extra)).expect("test config");
         let names = Names::new(&prefix);
         let conn = Connection::connect(&url(), ConnectionProperties::default())
@@ -162,6 +188,7 @@ impl Harness {
         let exchanges = vec![
             names.router_exchange.to_string(),
             names.expired_exchange.to_string(),
+            names.presence.to_string(),
         ];
         Self {
             prefix,
@@ -169,6 +196,7 @@ impl Harness {
             names,
             conn,
             ch,
+            stats: Arc::default(),
             stop: None,
             router: None,
             queues,
@@ -180,9 +208,13 @@ impl Harness {
     pub async fn start_router(&mut self) {
         let (tx, rx) = oneshot::channel();
         let config = self.config.clone();
-        self.router = Some(tokio::spawn(router::run(config, async move {
-            let _ = rx.await;
-        })));
+        self.router = Some(tokio::spawn(router::run_with_stats(
+            config,
+            async move {
+                let _ = rx.await;
+            },
+            self.stats.clone(),
+        )));
         self.stop = Some(tx);
         self.wait_consumers().await;
     }
@@ -262,6 +294,11 @@ impl Harness {
         self.queues.push(queue.to_owned());
     }
 
+    /// Deletes `exchange` with the rest at cleanup.
+    pub fn track_exchange(&mut self, exchange: &str) {
+        self.exchanges.push(exchange.to_owned());
+    }
+
     /// A direct exchange owned by this test, `<prefix>.<suffix>`.
     pub async fn exchange(&mut self, suffix: &str) -> String {
         let name = format!("{}.{suffix}", self.prefix);
@@ -320,66 +357,27 @@ impl Harness {
         n: usize,
         within: Duration,
     ) -> Vec<(Instant, Delivery)> {
-        let (ch, mut consumer) = self.auto_ack_consumer(queue).await;
-        let mut out = Vec::new();
-        let deadline = tokio::time::Instant::now() + within;
-        while out.len() < n {
-            match tokio::time::timeout_at(deadline, consumer.next()).await {
-                Ok(Some(Ok(d))) => out.push((Instant::now(), d)),
-                Ok(other) => panic!("consumer ended: {other:?}"),
-                Err(_) => panic!(
-                    "received {} of {n} messages from {queue} within {within:?}",
-                    out.len()
-                ),
-            }
-        }
-        let _ = ch.close(200, "done".into()).await;
-        out
-    }
-
-    /// A consumer on its own channel that acks on delivery.
-    async fn auto_ack_consumer(&self, queue: &str) -> (Channel, lapin::Consumer) {
-        let ch = self.conn.create_channel().await.unwrap();
-        let opts = BasicConsumeOptions {
-            no_ack: true,
-            ..Default::default()
-        };
-        let tag = format!("test-{}", rand::random::<u32>());
-        let consumer = ch
-            .basic_consume(
-                queue.into(),
-                tag.as_str().into(),
-                opts,
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        (ch, consumer)
+        let mut c = Consumer::open(&self.conn, queue, Acks::Auto).await;
+        let got = c.take(n, within).await;
+        c.close().await;
+        got
     }
 
     /// Receives from `queue` until `n` distinct message-ids have arrived (at
     /// least once: duplicates are counted, not fatal); returns the duplicates.
     pub async fn receive_distinct(&self, queue: &str, n: usize, within: Duration) -> usize {
-        let (ch, mut consumer) = self.auto_ack_consumer(queue).await;
+        let mut c = Consumer::open(&self.conn, queue, Acks::Auto).await;
         let mut seen = std::collections::BTreeSet::new();
-        let mut duplicates = 0;
-        let deadline = tokio::time::Instant::now() + within;
-        while seen.len() < n {
-            match tokio::time::timeout_at(deadline, consumer.next()).await {
-                Ok(Some(Ok(d))) => {
-                    if !seen.insert(id(&d)) {
-                        duplicates += 1;
-                    }
+        let got = c
+            .until(within, |got| {
+                if let Some((_, d)) = got.last() {
+                    seen.insert(id(d));
                 }
-                Ok(other) => panic!("consumer ended: {other:?}"),
-                Err(_) => panic!(
-                    "{} of {n} distinct messages from {queue} within {within:?} (lost?)",
-                    seen.len()
-                ),
-            }
-        }
-        let _ = ch.close(200, "done".into()).await;
-        duplicates
+                seen.len() >= n
+            })
+            .await;
+        c.close().await;
+        got.len() - n
     }
 
     /// A queue's state by passive declare; `None` when it does not exist.
@@ -402,6 +400,15 @@ impl Harness {
             .await
             .expect("queue exists")
             .message_count()
+    }
+
+    /// Waits until `queue` holds at least `n` ready messages (30 s at most).
+    pub async fn wait_depth(&self, queue: &str, n: u32) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.depth(queue).await < n {
+            assert!(Instant::now() < deadline, "{queue} never reached {n}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub async fn exists(&self, queue: &str) -> bool {
@@ -479,23 +486,19 @@ impl Drop for Harness {
 
 /// Every bucket queue any strategy could declare for this ladder.
 fn every_bucket(config: &Config) -> Vec<String> {
-    [Strategy::RoundUp, Strategy::Cascade, Strategy::Priority]
-        .into_iter()
-        .flat_map(|s| Plan::new(&config.ladder, s, &config.prefix, "guest").bucket_queues())
-        .map(|(q, _)| q.to_string())
-        .collect()
-}
-
-pub fn headers(pairs: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut h = FieldTable::default();
-    for (k, v) in pairs {
-        h.insert((*k).into(), v.clone());
-    }
-    h
-}
-
-pub fn s(v: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(v))
+    [
+        PlacementStrategy::RoundUp,
+        PlacementStrategy::Cascade,
+        PlacementStrategy::Priority,
+    ]
+    .into_iter()
+    .flat_map(|s| {
+        Rules::new(&config.ladder, s, &config.prefix, "guest")
+            .topology()
+            .bucket_names()
+    })
+    .map(|q| q.to_string())
+    .collect()
 }
 
 pub fn header<'a>(d: &'a Delivery, key: &str) -> Option<&'a AMQPValue> {
@@ -530,6 +533,95 @@ pub fn id(d: &Delivery) -> usize {
         .expect("numeric message-id")
 }
 
-pub fn short(s: &str) -> ShortString {
-    s.into()
+/// The `rabbitmqctl` of the broker under test: DELAY_ROUTER_TEST_CTL, a
+/// command and its first arguments (`scripts/rabbitmqctl4` for the 4.x
+/// node), or `rabbitmqctl`.
+pub fn ctl() -> std::process::Command {
+    let spec = std::env::var("DELAY_ROUTER_TEST_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut parts = spec.split_whitespace();
+    let mut c = std::process::Command::new(parts.next().unwrap_or("rabbitmqctl"));
+    c.args(parts);
+    c
+}
+
+/// Runs `rabbitmqctl` on the broker under test, failing the test when it fails.
+pub fn rabbitmqctl(args: &[&str]) -> String {
+    let out = ctl()
+        .args(args)
+        .output()
+        .expect("rabbitmqctl of the broker under test (DELAY_ROUTER_TEST_CTL)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The test URL with other credentials.
+pub fn url_as(user: &str, password: &str) -> String {
+    let u = url();
+    let rest = u.split_once('@').map_or(u.as_str(), |(_, r)| r);
+    let scheme = u.split_once("://").map_or("amqp", |(s, _)| s);
+    format!("{scheme}://{user}:{password}@{rest}")
+}
+
+/// A broker user made for one test, deleted when dropped.
+pub struct BrokerUser {
+    pub name: String,
+    pub password: String,
+}
+
+impl BrokerUser {
+    /// A user `<prefix>-<role>` with these configure / write / read regexes.
+    pub fn create(prefix: &str, role: &str, perms: [&str; 3]) -> Self {
+        let name = format!("{prefix}-{role}");
+        let password = format!("pw-{:08x}", rand::random::<u32>());
+        rabbitmqctl(&["add_user", &name, &password]);
+        rabbitmqctl(&[
+            "set_permissions",
+            "-p",
+            "/",
+            &name,
+            perms[0],
+            perms[1],
+            perms[2],
+        ]);
+        Self { name, password }
+    }
+
+    /// Limits what this user may publish to a topic exchange by routing key.
+    pub fn topic_permissions(&self, exchange: &str, write: &str) {
+        rabbitmqctl(&[
+            "set_topic_permissions",
+            "-p",
+            "/",
+            &self.name,
+            exchange,
+            write,
+            ".*",
+        ]);
+    }
+
+    /// `[amqp] url = ...` for a router running as this user.
+    pub fn amqp_url(&self) -> String {
+        url_as(&self.name, &self.password)
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        let _ = ctl().args(["delete_user", &self.name]).output();
+    }
+}
+
+/// Router logs on stderr when DELAY_ROUTER_TEST_LOG names a filter (e.g.
+/// `delay_router=debug`); silent otherwise.
+pub fn init_logs() {
+    if let Ok(filter) = std::env::var("DELAY_ROUTER_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
 }

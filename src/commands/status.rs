@@ -1,0 +1,140 @@
+//! `delay-router status`: the node it asked and the broker's version, every
+//! running router of the prefix with the node each of its connections uses,
+//! then one line per bucket and the ingress, expired and parked depths.
+
+use crate::broker::probe::{Prober, QueueInfo};
+use crate::broker::{self, BrokerError, close_connection, server};
+use crate::config::Config;
+use crate::core::decision::Rules;
+use crate::router::presence::{self, Announcement, epoch_ms};
+use lapin::types::ShortString;
+use std::fmt::Write;
+use std::time::Duration;
+
+/// How long `status` listens for routers answering its probe.
+pub const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// What `status` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The node asked, and the broker as it describes itself.
+    pub node: String,
+    pub broker: String,
+    /// The routers of the prefix that answered.
+    pub routers: Vec<Announcement>,
+    pub queues: Vec<QueueStatus>,
+}
+
+/// One queue's line in the status report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStatus {
+    pub role: String,
+    pub queue: String,
+    /// Messages ready and consumers; `None` when the queue does not exist.
+    pub info: Option<QueueInfo>,
+}
+
+/// Asks a node of the configuration for the routers and every queue's depth.
+pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
+    let ca = config.ca_file.as_ref();
+    let (conn, used) = broker::connect_any(&config.urls, 0, ca, "delay-router status").await?;
+    let broker = match server::server_info(&config.urls[used], ca).await {
+        Ok(info) => info.to_string(),
+        Err(e) => format!("unknown ({e})"),
+    };
+    let rules = Rules::from_config(config);
+    let names = &rules.names;
+    let mut queues: Vec<(String, ShortString)> = names
+        .buckets(rules.strategy, &rules.ladder)
+        .map(|(q, rung)| (format!("bucket {}", rung.label), q))
+        .collect();
+    queues.push(("ingress".into(), names.ingress.clone()));
+    queues.push(("expired".into(), names.expired.clone()));
+    queues.push(("parked".into(), names.parked.clone()));
+    let mut prober = Prober::new(&conn);
+    let mut out = Vec::with_capacity(queues.len());
+    let mut failed = None;
+    for (role, queue) in queues {
+        match prober.queue(&queue).await {
+            Ok(info) => out.push(QueueStatus {
+                role,
+                queue: queue.to_string(),
+                info,
+            }),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    prober.close().await;
+    let routers = match failed {
+        Some(_) => Ok(Vec::new()),
+        None => presence::probe(&conn, names, PROBE_WAIT).await,
+    };
+    close_connection(&conn, "status done").await;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(Status {
+        node: config.urls[used].to_string(),
+        broker,
+        routers: routers?,
+        queues: out,
+    })
+}
+
+/// Renders the report as aligned text.
+pub fn render(config: &Config, status: &Status) -> String {
+    let rows = &status.queues;
+    let width = rows.iter().map(|r| r.queue.len()).max().unwrap_or(0);
+    let role_width = rows.iter().map(|r| r.role.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "broker {} ({})  strategy {}  queues {}",
+        status.node, status.broker, config.strategy, config.queue_type
+    );
+    let _ = writeln!(s, "router {}", router_state(rows));
+    let now = epoch_ms();
+    for r in &status.routers {
+        let up = humantime::format_duration(Duration::from_secs(
+            u64::try_from((now - r.since_ms).max(0) / 1000).unwrap_or(0),
+        ));
+        let _ = writeln!(
+            s,
+            "  {} on {} (pid {}, up {up}, {} {}): consumes from {}, publishes to {}, {}",
+            r.instance,
+            r.host,
+            r.pid,
+            r.strategy,
+            r.queue_type,
+            r.consume_node,
+            r.publish_node,
+            r.broker
+        );
+    }
+    for r in rows {
+        let count = r.info.map_or_else(
+            || "missing (run `delay-router declare`)".to_owned(),
+            |i| i.messages.to_string(),
+        );
+        let _ = writeln!(s, "{:<role_width$}  {:<width$}  {}", r.role, r.queue, count);
+    }
+    s
+}
+
+/// Whether a router consumes this prefix: the ingress and expired queues' consumers.
+pub fn router_state(rows: &[QueueStatus]) -> String {
+    let consumers = |role: &str| {
+        rows.iter()
+            .find(|r| r.role == role)
+            .and_then(|r| r.info)
+            .map_or(0, |i| i.consumers)
+    };
+    match (consumers("ingress"), consumers("expired")) {
+        (0, 0) => "not running: nothing consumes ingress or expired".to_owned(),
+        (i, e) if i == e => format!("running: {i} router(s) consuming"),
+        (i, e) => format!("partly running: {i} consumer(s) on ingress, {e} on expired"),
+    }
+}

@@ -1,0 +1,464 @@
+//! Configuration: `buckets.toml` plus `DELAY_ROUTER__SECTION__KEY` environment
+//! overrides, loaded once and validated into domain types.
+
+use crate::core::ladder::{Ladder, LadderError, parse_rung};
+use crate::core::placement::PlacementStrategy;
+use crate::core::retry::Policy;
+use crate::core::security::AllowList;
+use crate::core::topology::{MAX_PREFIX_LEN, QueueType};
+use serde::Deserialize;
+use std::path::Path;
+
+mod url;
+pub use url::{AmqpUrl, CaFile, redact, redact_text};
+
+/// Environment variable prefix: `DELAY_ROUTER__AMQP__URL` overrides `[amqp] url`.
+pub const ENV_PREFIX: &str = "DELAY_ROUTER";
+/// The URL used when neither the file nor the environment names one.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default deliveries in flight per consumer.
+pub const DEFAULT_PREFETCH: u16 = 5000;
+/// Default bytes in flight per consumer: the window shrinks for large messages.
+pub const DEFAULT_INFLIGHT_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    #[serde(default)]
+    amqp: RawAmqp,
+    #[serde(default)]
+    topology: RawTopology,
+    #[serde(default)]
+    placement: RawPlacement,
+    #[serde(default)]
+    bucket: Vec<RawBucket>,
+    #[serde(default)]
+    policy: Vec<RawPolicy>,
+    #[serde(default)]
+    security: RawSecurity,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecurity {
+    allow_destinations: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    queue: String,
+    initial: String,
+    multiplier: Option<f64>,
+    max_delay: Option<String>,
+    jitter: Option<f64>,
+    max_attempts: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAmqp {
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+    prefetch: Option<String>,
+    inflight_bytes: Option<String>,
+    ca_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopology {
+    prefix: Option<String>,
+    queue_type: Option<String>,
+    check_interval: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    strategy: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBucket {
+    ttl: String,
+}
+
+/// A configuration that cannot be used; every variant names the key and value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{key} = {value:?}: {message}")]
+    Invalid {
+        key: String,
+        value: String,
+        message: String,
+    },
+    #[error("[[bucket]]: {0}")]
+    Ladder(#[from] LadderError),
+}
+
+/// Default period of the topology check (passive declares, repair on drift).
+pub const DEFAULT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The first of [`Config::urls`]: its user and virtual host are every
+    /// node's.
+    pub url: AmqpUrl,
+    /// The nodes to connect to (`[amqp] urls`, or the one `url`): the router
+    /// uses one that answers, and another when that one goes away.
+    pub urls: Vec<AmqpUrl>,
+    /// Extra CA certificates trusted for `amqps://`.
+    pub ca_file: Option<CaFile>,
+    /// How often the router checks its topology and repairs what is missing.
+    pub check_interval: std::time::Duration,
+    pub prefetch: u16,
+    pub inflight_bytes: u64,
+    pub prefix: String,
+    pub strategy: PlacementStrategy,
+    pub queue_type: QueueType,
+    pub ladder: Ladder,
+    /// Retry policies, first match wins.
+    pub policies: Vec<Policy>,
+    /// `[security] allow_destinations`: `None` allows every exchange the
+    /// router's user may write.
+    pub allow_destinations: Option<AllowList>,
+}
+
+impl Config {
+    /// Loads `path` (which must exist) with environment overrides, and validates it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
+    }
+
+    /// As [`Config::load`], with the environment given explicitly (for tests).
+    pub fn load_with_env(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::Read {
+                path: path.display().to_string(),
+                message: "no such file".into(),
+            });
+        }
+        let env: config::Map<String, String> = env.into_iter().collect();
+        let raw: RawSettings = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .list_separator(",")
+                    .with_list_parse_key("security.allow_destinations")
+                    .with_list_parse_key("amqp.urls")
+                    .try_parsing(true)
+                    .source(Some(env)),
+            )
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read {
+                path: path.display().to_string(),
+                message: redact_text(&e.to_string()),
+            })?;
+        Self::validate(raw)
+    }
+
+    /// Parses configuration text (no environment), for tests and tools.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawSettings = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read {
+                path: "(inline)".into(),
+                message: redact_text(&e.to_string()),
+            })?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawSettings) -> Result<Self, ConfigError> {
+        let invalid = |key: &str, value: &str, message: String| ConfigError::Invalid {
+            key: key.into(),
+            value: value.into(),
+            message,
+        };
+        let urls = validate_urls(raw.amqp.url, raw.amqp.urls)?;
+        let url = urls[0].clone();
+        let prefetch = match raw.amqp.prefetch {
+            None => DEFAULT_PREFETCH,
+            Some(p) => p
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    invalid(
+                        "amqp.prefetch",
+                        &p,
+                        "expected a whole number from 1 to 65535".into(),
+                    )
+                })?,
+        };
+        let inflight_bytes = match raw.amqp.inflight_bytes {
+            None => DEFAULT_INFLIGHT_BYTES,
+            Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
+        };
+        let ca_file = match raw.amqp.ca_file {
+            None => None,
+            Some(path) if !urls.iter().all(AmqpUrl::is_tls) => {
+                return Err(invalid(
+                    "amqp.ca_file",
+                    &path,
+                    "a CA file is for TLS: amqp.url must start with amqps://".into(),
+                ));
+            }
+            Some(path) => Some(CaFile::read(&path).map_err(|m| invalid("amqp.ca_file", &path, m))?),
+        };
+        let check_interval = match raw.topology.check_interval {
+            None => DEFAULT_CHECK_INTERVAL,
+            Some(v) => humantime::parse_duration(v.trim())
+                .ok()
+                .filter(|d| *d >= std::time::Duration::from_millis(100))
+                .ok_or_else(|| {
+                    invalid(
+                        "topology.check_interval",
+                        &v,
+                        "expected a duration of at least 100ms, such as \"5s\"".into(),
+                    )
+                })?,
+        };
+        let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
+        if prefix.is_empty()
+            || prefix.len() > MAX_PREFIX_LEN
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+        {
+            return Err(invalid(
+                "topology.prefix",
+                &prefix,
+                format!("expected 1 to {MAX_PREFIX_LEN} characters from A-Z a-z 0-9 . - _ :"),
+            ));
+        }
+        let strategy_raw = raw.placement.strategy.unwrap_or_else(|| "cascade".into());
+        let strategy = strategy_raw
+            .parse::<PlacementStrategy>()
+            .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
+        let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "classic".into());
+        let queue_type = queue_type_raw
+            .parse::<QueueType>()
+            .map_err(|m| invalid("topology.queue_type", &queue_type_raw, m))?;
+        if queue_type == QueueType::Quorum && strategy == PlacementStrategy::Priority {
+            return Err(invalid(
+                "placement.strategy",
+                "priority",
+                "cannot be used with topology.queue_type = \"quorum\": quorum queues refuse \
+                 x-max-priority before RabbitMQ 4.0, and before 4.3 do not expire every priority level; \
+                 use cascade"
+                    .into(),
+            ));
+        }
+        let rungs = raw
+            .bucket
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                parse_rung(&b.ttl).map_err(|m| invalid(&format!("bucket[{i}].ttl"), &b.ttl, m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ladder = Ladder::new(rungs)?;
+        let policies = raw
+            .policy
+            .iter()
+            .enumerate()
+            .map(|(i, p)| validate_policy(i, p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let allow_destinations = match raw.security.allow_destinations {
+            None => None,
+            Some(patterns) => {
+                let shown = format!("{patterns:?}");
+                let list = AllowList::new(patterns)
+                    .map_err(|e| invalid("security.allow_destinations", &shown, e.to_string()))?;
+                if !policies.is_empty() && !list.allows("") {
+                    return Err(invalid(
+                        "security.allow_destinations",
+                        &shown,
+                        "must allow \"\" (the default exchange) when a [[policy]] is set: \
+                         retries return to their queue through the default exchange"
+                            .into(),
+                    ));
+                }
+                Some(list)
+            }
+        };
+        Ok(Self {
+            url,
+            urls,
+            ca_file,
+            check_interval,
+            prefetch,
+            inflight_bytes,
+            prefix,
+            strategy,
+            queue_type,
+            ladder,
+            policies,
+            allow_destinations,
+        })
+    }
+}
+
+/// `[amqp] url` or `urls` (not both): at least one, each a valid URL, all
+/// with the same user and virtual host (nodes of one cluster).
+fn validate_urls(
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+) -> Result<Vec<AmqpUrl>, ConfigError> {
+    let invalid = |key: &str, value: String, message: &str| ConfigError::Invalid {
+        key: key.into(),
+        value,
+        message: message.into(),
+    };
+    let (key, raw) = match (url, urls) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "amqp.urls",
+                "(and amqp.url)".into(),
+                "set url or urls, not both",
+            ));
+        }
+        (Some(u), None) => ("amqp.url", vec![u]),
+        (None, Some(us)) if us.is_empty() => {
+            return Err(invalid("amqp.urls", "[]".into(), "list at least one URL"));
+        }
+        (None, Some(us)) => ("amqp.urls", us),
+        (None, None) => ("amqp.url", vec![DEFAULT_URL.to_owned()]),
+    };
+    let urls = raw
+        .iter()
+        .map(|u| {
+            AmqpUrl::parse(u.trim()).map_err(|m| ConfigError::Invalid {
+                key: key.into(),
+                value: redact(u),
+                message: m,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = &urls[0];
+    if let Some(other) = urls
+        .iter()
+        .find(|u| u.username() != first.username() || u.vhost() != first.vhost())
+    {
+        return Err(invalid(
+            key,
+            other.to_string(),
+            "every URL must name the same user and virtual host as the first (nodes of one cluster)",
+        ));
+    }
+    Ok(urls)
+}
+
+fn validate_policy(i: usize, p: &RawPolicy) -> Result<Policy, ConfigError> {
+    let invalid = |field: &str, value: String, message: &str| ConfigError::Invalid {
+        key: format!("policy[{i}].{field}"),
+        value,
+        message: message.into(),
+    };
+    let duration = |field: &str, v: &str| {
+        humantime::parse_duration(v.trim())
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    field,
+                    v.into(),
+                    "expected a positive duration such as \"1s\" or \"5m\"",
+                )
+            })
+    };
+    if p.queue.trim().is_empty() {
+        return Err(invalid(
+            "queue",
+            p.queue.clone(),
+            "expected a queue name or glob such as \"orders.*\"",
+        ));
+    }
+    let initial = duration("initial", &p.initial)?;
+    let multiplier = p.multiplier.unwrap_or(1.0);
+    if !(multiplier.is_finite() && multiplier >= 1.0) {
+        return Err(invalid(
+            "multiplier",
+            multiplier.to_string(),
+            "expected a number of at least 1.0",
+        ));
+    }
+    let max_delay = match &p.max_delay {
+        Some(v) => duration("max_delay", v)?,
+        None => crate::core::contract::MAX_DELAY,
+    };
+    if max_delay < initial {
+        return Err(invalid(
+            "max_delay",
+            format!("{max_delay:?}"),
+            "must not be shorter than initial",
+        ));
+    }
+    let jitter = p.jitter.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&jitter) {
+        return Err(invalid(
+            "jitter",
+            jitter.to_string(),
+            "expected a fraction from 0.0 to 1.0",
+        ));
+    }
+    if p.max_attempts == 0 {
+        return Err(invalid(
+            "max_attempts",
+            "0".into(),
+            "expected at least 1 (deliveries, the first included)",
+        ));
+    }
+    Ok(Policy {
+        queue: p.queue.trim().to_owned(),
+        initial,
+        multiplier,
+        max_delay,
+        jitter,
+        max_attempts: p.max_attempts,
+    })
+}
+
+/// Parses a byte size: a whole number with an optional unit B, KiB, MiB, GiB (or KB, MB, GB as powers of 1000).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("\"{s}\" is not a size such as \"64MiB\""))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit \"{other}\" in \"{s}\"; use B, KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .filter(|b| *b > 0)
+        .ok_or_else(|| format!("\"{s}\" must be between 1 byte and 16 EiB"))
+}
+
+#[cfg(test)]
+mod tests;

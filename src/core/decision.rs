@@ -1,0 +1,252 @@
+//! The decision: what happens to one delivery, decided once.
+//!
+//! [`Rules::decide`] is a pure function of a delivery (where it came from,
+//! the exchange and routing key it was published with, its properties and
+//! body), the clock, a random draw and the connection's `frame_max`. It
+//! returns the whole [`Plan`]: the message-id stamped at ingress, the one
+//! publish to make (to a bucket, the destination or the park) with
+//! properties that fit a frame and that the broker takes from the router's
+//! user, how long to hold it first, and for a delivery what becomes of it if
+//! the destination does not take it ([`Plan::failed`]: NO_ROUTE, a nack, a
+//! refusal in the broker's words). The shell carries plans out and never
+//! asks the core again.
+
+mod guards;
+mod ingress;
+mod plan;
+
+pub use plan::{Action, Plan};
+
+use crate::core::envelope::{self, Overrides, Transit};
+use crate::core::identity;
+use crate::core::ladder::Ladder;
+use crate::core::parking;
+use crate::core::placement::{self, Placement, PlacementStrategy};
+use crate::core::reasons::ParkReason;
+use crate::core::retry::Policy;
+use crate::core::security::AllowList;
+use crate::core::topology::{Names, QueueType, Topology};
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+use std::time::Duration;
+
+/// Which of the router's queues a delivery came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `<prefix>.ingress`: published to the router exchange, or dead-lettered
+    /// there by a work queue whose consumer rejected it.
+    Ingress,
+    /// `<prefix>.expired`: dead-lettered by a bucket when its TTL ran out.
+    Expired,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// One delivery as the core sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    pub source: Source,
+    /// The exchange and routing key it was published with.
+    pub exchange: &'a str,
+    pub routing_key: &'a ShortString,
+    pub properties: &'a BasicProperties,
+    pub body: &'a [u8],
+}
+
+/// What a decision depends on besides the delivery and the rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Context {
+    /// The clock rounded down, in ms since the Unix epoch: deadlines compared
+    /// with it are never reached early.
+    pub now_ms: i64,
+    /// The clock rounded up: deadlines are stamped from it.
+    pub stamp_ms: i64,
+    /// A random number in `[0, 1)`, for retry jitter.
+    pub unit: f64,
+    /// The publishing connection's negotiated frame size.
+    pub frame_max: u32,
+}
+
+/// Everything a decision depends on from the configuration.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// The strategy's effective ladder (cascade adds finer rungs).
+    pub ladder: Ladder,
+    pub strategy: PlacementStrategy,
+    pub names: Names,
+    /// The AMQP user the router publishes as.
+    pub router_user: String,
+    /// Retry policies for rejected messages, first match wins.
+    pub policies: Vec<Policy>,
+    /// Classic or quorum queues.
+    pub queue_type: QueueType,
+    /// `[security] allow_destinations`; `None` allows every exchange.
+    pub allow: Option<AllowList>,
+}
+
+impl Rules {
+    /// The rules for a configured ladder and strategy.
+    pub fn new(
+        ladder: &Ladder,
+        strategy: PlacementStrategy,
+        prefix: &str,
+        router_user: &str,
+    ) -> Self {
+        Self {
+            ladder: placement::effective_ladder(strategy, ladder),
+            strategy,
+            names: Names::new(prefix),
+            router_user: router_user.to_owned(),
+            policies: Vec::new(),
+            queue_type: QueueType::Classic,
+            allow: None,
+        }
+    }
+
+    /// The same rules delivering only to exchanges `allow` lets through.
+    pub fn with_allow_list(mut self, allow: Option<AllowList>) -> Self {
+        self.allow = allow;
+        self
+    }
+
+    /// The same rules declaring queues of `queue_type`.
+    pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// The same rules with retry policies.
+    pub fn with_policies(mut self, policies: Vec<Policy>) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// The rules a configuration describes.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self::new(
+            &config.ladder,
+            config.strategy,
+            &config.prefix,
+            config.url.username(),
+        )
+        .with_policies(config.policies.clone())
+        .with_queue_type(config.queue_type)
+        .with_allow_list(config.allow_destinations.clone())
+    }
+
+    /// What these rules declare.
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.names, self.strategy, self.queue_type, &self.ladder)
+    }
+
+    /// The whole plan for one delivery (see the module documentation).
+    pub fn decide(&self, d: &Delivery<'_>, cx: &Context) -> Plan {
+        // Quorum queues add x-delivery-count (and from 4.0 x-acquired-count)
+        // when they redeliver; they count that queue's deliveries, not the
+        // sender's, so they go.
+        let received = match self.queue_type {
+            QueueType::Quorum => envelope::without_redelivery_headers(d.properties),
+            QueueType::Classic => None,
+        };
+        let props = received.as_ref().unwrap_or(d.properties);
+        let action = match d.source {
+            Source::Ingress => {
+                let sender =
+                    identity::ensure_message_id(props, d.exchange, d.routing_key.as_str(), d.body);
+                let action = self.on_ingress(d.routing_key, &sender, cx.stamp_ms, cx.unit);
+                self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
+            }
+            Source::Expired => {
+                let action = self.on_expired(props, cx.now_ms);
+                let sender = || envelope::sender_properties(props);
+                self.within_frame(action, sender, cx.now_ms, cx.frame_max)
+            }
+        };
+        Plan {
+            action,
+            decided_ms: cx.now_ms,
+            frame_max: cx.frame_max,
+        }
+    }
+
+    /// Places a message with `transit` in a bucket, or delivers it when due.
+    fn schedule(
+        &self,
+        p: &BasicProperties,
+        mut transit: Transit,
+        now_ms: i64,
+        entering: bool,
+    ) -> Action {
+        let remaining = Duration::from_millis(
+            u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
+        );
+        let deliver = |after| Action::Deliver {
+            properties: if entering {
+                p.clone()
+            } else {
+                envelope::leave_transit(p)
+            },
+            destination: transit.destination.clone(),
+            after,
+        };
+        match placement::place(self.strategy, &self.ladder, remaining) {
+            None => deliver(Duration::ZERO),
+            Some(Placement::Hold(after)) => deliver(after),
+            Some(Placement::Bucket {
+                rung,
+                expiration,
+                priority,
+            }) => {
+                transit.hops += 1;
+                let rung = &self.ladder.rungs()[rung];
+                let o = Overrides {
+                    expiration,
+                    priority,
+                };
+                let properties = if entering {
+                    envelope::enter_transit(p, &transit, o)
+                } else {
+                    envelope::next_hop(p, &transit, o)
+                };
+                Action::Wait {
+                    queue: self.names.bucket(self.strategy, rung),
+                    ttl: rung.ttl,
+                    properties,
+                }
+            }
+        }
+    }
+
+    /// A message a bucket dead-lettered into the router's expired queue.
+    pub fn on_expired(&self, p: &BasicProperties, now_ms: i64) -> Action {
+        match envelope::read_transit(p) {
+            Ok(transit) => {
+                let action = self.schedule(p, transit, now_ms, false);
+                self.publishable(action, now_ms)
+            }
+            Err(e) => {
+                let reason = ParkReason::NotInTransit(e.to_string());
+                Action::Park {
+                    properties: parking::park(p, &reason, now_ms, None),
+                    reason,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod decide_tests;
+#[cfg(test)]
+mod frame_tests;
+#[cfg(test)]
+mod retry_tests;
+#[cfg(test)]
+mod tests;

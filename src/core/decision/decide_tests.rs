@@ -1,0 +1,174 @@
+//! Unit tests of the one decision: what `decide` stamps, removes and plans,
+//! and what becomes of a delivery its destination does not take.
+
+use super::tests::{NOW, rules};
+use super::*;
+use crate::core::contract::ORIGINAL_EXCHANGE;
+use crate::core::parking::Failure;
+use crate::core::wire;
+use crate::testkit::props::{props, s};
+use lapin::types::{AMQPValue, FieldTable};
+
+#[test]
+fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(1500)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let cx = Context {
+        now_ms: NOW,
+        stamp_ms: NOW,
+        unit: 0.0,
+        frame_max: 131_072,
+    };
+    let decide = |p: &BasicProperties| {
+        rules().decide(
+            &Delivery {
+                source: Source::Ingress,
+                exchange: "t.router",
+                routing_key: &"eu".into(),
+                properties: p,
+                body: b"body",
+            },
+            &cx,
+        )
+    };
+    let plan = decide(&p);
+    let id = plan.action.properties().message_id().clone().unwrap();
+    assert!(id.as_str().starts_with(crate::core::identity::PREFIX));
+    assert_eq!(decide(&p), plan, "the same delivery gets the same plan");
+    let own = p.with_message_id("order-17".into());
+    let plan = decide(&own);
+    assert_eq!(
+        plan.action
+            .properties()
+            .message_id()
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "order-17"
+    );
+    assert_eq!((plan.decided_ms, plan.frame_max), (NOW, 131_072));
+}
+
+#[test]
+fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(0)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+        ("x-delivery-count", AMQPValue::LongLongInt(3)),
+        ("x-acquired-count", AMQPValue::LongLongInt(4)),
+    ])
+    .with_message_id("m".into());
+    let cx = Context {
+        now_ms: NOW,
+        stamp_ms: NOW,
+        unit: 0.0,
+        frame_max: 131_072,
+    };
+    let d = Delivery {
+        source: Source::Ingress,
+        exchange: "t.router",
+        routing_key: &"eu".into(),
+        properties: &p,
+        body: b"",
+    };
+    let quorum = rules().with_queue_type(QueueType::Quorum).decide(&d, &cx);
+    let h = quorum.action.properties().headers().clone().unwrap();
+    assert!(!h.contains_key("x-delivery-count"));
+    assert!(!h.contains_key("x-acquired-count"));
+    let classic = rules().decide(&d, &cx);
+    assert_eq!(classic.action.properties(), &p, "classic queues add none");
+}
+
+#[test]
+fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(0)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ])
+    .with_message_id("m".into());
+    let plan = Plan {
+        action: rules().on_ingress(&"eu".into(), &p, NOW, 0.0),
+        decided_ms: NOW,
+        frame_max: 131_072,
+    };
+    let Action::Park { reason, properties } = plan.failed(Failure::Returned) else {
+        panic!("a failed delivery is parked")
+    };
+    assert!(matches!(reason, ParkReason::NoRoute { .. }));
+    assert_eq!(
+        parking::parked_destination(&properties)
+            .unwrap()
+            .exchange
+            .as_str(),
+        "orders"
+    );
+    assert_eq!(parking::unpark(&properties), p);
+    let placed = Plan {
+        action: rules().on_ingress(
+            &"eu".into(),
+            &props(&[("x-requested-delay", s("1s")), (ORIGINAL_EXCHANGE, s("o"))]),
+            NOW,
+            0.0,
+        ),
+        decided_ms: NOW,
+        frame_max: 131_072,
+    };
+    assert_eq!(
+        placed.failed(Failure::Nacked),
+        placed.action,
+        "only deliveries fail so"
+    );
+}
+
+#[test]
+fn a_message_written_into_a_bucket_by_hand_is_checked_when_due() {
+    let allow = crate::core::security::AllowList::new(vec!["orders".into()]).unwrap();
+    let rules = rules().with_allow_list(Some(allow));
+    let forged = |exchange: &str, saved: Option<FieldTable>| {
+        let mut pairs = vec![
+            (crate::core::contract::TRANSIT_EXCHANGE, s(exchange)),
+            (crate::core::contract::TRANSIT_ROUTING_KEY, s("k")),
+            (
+                crate::core::contract::TRANSIT_DEADLINE,
+                AMQPValue::LongLongInt(0),
+            ),
+        ];
+        if let Some(t) = saved {
+            pairs.push((
+                crate::core::contract::SAVED_PROPERTIES,
+                AMQPValue::FieldTable(t),
+            ));
+        }
+        props(&pairs)
+    };
+    let park_reason = |p: &BasicProperties| match rules.on_expired(p, NOW) {
+        Action::Park { reason, .. } => reason,
+        other => panic!("expected a park, got {other:?}"),
+    };
+    assert!(matches!(
+        park_reason(&forged("billing", None)),
+        ParkReason::NotAllowed { .. }
+    ));
+    assert!(matches!(
+        park_reason(&forged("t.expired", None)),
+        ParkReason::OwnDestination { .. }
+    ));
+    let mut saved = FieldTable::default();
+    saved.insert("expiration".into(), s("abc"));
+    assert!(matches!(
+        park_reason(&forged("orders", Some(saved))),
+        ParkReason::Unacceptable(wire::Unacceptable::Expiration(_))
+    ));
+    let mut saved = FieldTable::default();
+    saved.insert("delivery-mode".into(), AMQPValue::ShortShortUInt(3));
+    assert!(matches!(
+        park_reason(&forged("orders", Some(saved))),
+        ParkReason::Unacceptable(wire::Unacceptable::DeliveryMode(3))
+    ));
+    assert!(matches!(
+        rules.on_expired(&forged("orders", None), NOW),
+        Action::Deliver { .. }
+    ));
+}

@@ -1,0 +1,148 @@
+//! Arrival: a message published to the router exchange, or rejected by a
+//! work queue's consumer (the zero-code retry path), admitted with a
+//! destination and a deadline, or refused with a reason.
+
+use super::{Action, Rules};
+use crate::core::contract::{self, Destination, REQUESTED_DELAY};
+use crate::core::envelope::Transit;
+use crate::core::parking;
+use crate::core::reasons::ParkReason;
+use crate::core::retry::{self, Rejection};
+use crate::core::wire;
+use lapin::BasicProperties;
+use lapin::types::{FieldTable, ShortString};
+use std::time::Duration;
+
+/// A message the router will not place: parked with this reason, the
+/// destination when known, and the properties to park it with.
+#[derive(Debug)]
+struct Refusal {
+    reason: ParkReason,
+    destination: Option<Destination>,
+    properties: BasicProperties,
+}
+
+fn refuse(
+    reason: ParkReason,
+    destination: Option<Destination>,
+    p: &BasicProperties,
+) -> Box<Refusal> {
+    Box::new(Refusal {
+        reason,
+        destination,
+        properties: p.clone(),
+    })
+}
+
+impl Rules {
+    /// A message published to the router exchange (or dead-lettered into it
+    /// by a work queue whose consumer rejected it). `unit` is a random number
+    /// in `[0, 1)` for retry jitter.
+    pub fn on_ingress(
+        &self,
+        routing_key: &ShortString,
+        p: &BasicProperties,
+        now_ms: i64,
+        unit: f64,
+    ) -> Action {
+        match self.admit(routing_key, p, now_ms, unit) {
+            Ok((transit, p)) => {
+                let action = self.schedule(&p, transit, now_ms, true);
+                self.publishable(action, now_ms)
+            }
+            Err(r) => Action::Park {
+                properties: parking::park(&r.properties, &r.reason, now_ms, r.destination.as_ref()),
+                reason: r.reason,
+            },
+        }
+    }
+
+    fn admit(
+        &self,
+        routing_key: &ShortString,
+        p: &BasicProperties,
+        now_ms: i64,
+        unit: f64,
+    ) -> Result<(Transit, BasicProperties), Box<Refusal>> {
+        let empty = FieldTable::default();
+        let headers = p.headers().as_ref().unwrap_or(&empty);
+        let explicit = headers.inner().get(REQUESTED_DELAY);
+        let rejection = match retry::newest_rejection(headers) {
+            Ok(r) => r,
+            // A sender's odd x-death does not matter when it says what it wants.
+            Err(_) if explicit.is_some() => None,
+            Err(e) => return Err(refuse(ParkReason::InvalidDeath(e), None, p)),
+        };
+        let (destination, p, policy_delay) = match rejection {
+            Some(rejection) => self.retry(&rejection, headers, p, now_ms, unit)?,
+            None => {
+                let destination = contract::requested_destination(headers, routing_key)
+                    .map_err(|e| refuse(ParkReason::InvalidDestination(e), None, p))?;
+                (destination, retry::count_attempt(p, now_ms), None)
+            }
+        };
+        let park = |reason| refuse(reason, Some(destination.clone()), &p);
+        self.check_destination(&destination).map_err(park)?;
+        // What the broker checked on the sender's publish holds, except a
+        // user-id: the router publishes as its own user.
+        wire::acceptable(&p, &self.router_user).map_err(|e| park(ParkReason::Unacceptable(e)))?;
+        let delay = match (explicit, policy_delay) {
+            (Some(v), _) => {
+                contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?
+            }
+            (None, Some(d)) => d,
+            (None, None) => return Err(park(ParkReason::MissingDelay)),
+        };
+        let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        let transit = Transit {
+            destination,
+            deadline_ms: now_ms.saturating_add(delay_ms),
+            hops: 0,
+        };
+        Ok((transit, p))
+    }
+
+    /// The zero-code path: a message a work queue's consumer rejected goes back
+    /// to exactly that queue, after its policy's delay, until the policy gives up.
+    fn retry(
+        &self,
+        rejection: &Rejection,
+        headers: &FieldTable,
+        p: &BasicProperties,
+        now_ms: i64,
+        unit: f64,
+    ) -> Result<(Destination, BasicProperties, Option<Duration>), Box<Refusal>> {
+        let queue = ShortString::try_new(rejection.queue.as_str()).map_err(|_| {
+            let too_long = contract::DestinationError::TooLong {
+                header: "x-death queue",
+                len: rejection.queue.len(),
+            };
+            refuse(ParkReason::InvalidDestination(too_long), None, p)
+        })?;
+        let destination = Destination {
+            exchange: "".into(),
+            routing_key: queue,
+        };
+        let failures = retry::attempts(headers).saturating_add(1);
+        let p = retry::record_failure(p, failures, now_ms, Some(&rejection.queue));
+        match retry::find(&self.policies, &rejection.queue) {
+            Some(policy) if policy.exhausted(failures) => Err(refuse(
+                ParkReason::RetriesExhausted {
+                    queue: rejection.queue.clone(),
+                    policy: policy.queue.clone(),
+                    attempts: failures,
+                    max: policy.max_attempts,
+                },
+                Some(destination),
+                &p,
+            )),
+            Some(policy) => Ok((destination, p, Some(policy.delay(failures, unit)))),
+            None if headers.contains_key(REQUESTED_DELAY) => Ok((destination, p, None)),
+            None => Err(refuse(
+                ParkReason::NoPolicy(rejection.queue.clone()),
+                Some(destination),
+                &p,
+            )),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The plan: what the shell publishes for one delivery, and what becomes of
+//! a delivery its destination does not take.
+
+use crate::core::contract::Destination;
+use crate::core::parking::{self, Failure};
+use crate::core::reasons::ParkReason;
+use crate::core::topology::Names;
+use lapin::BasicProperties;
+use lapin::types::ShortString;
+use std::time::Duration;
+
+/// What to do with one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish to a bucket queue (default exchange, routing key = queue).
+    Wait {
+        queue: ShortString,
+        ttl: Duration,
+        properties: BasicProperties,
+    },
+    /// Publish to the destination, `mandatory`, with the sender's properties,
+    /// after holding it `after` (cascade's last fraction; zero otherwise).
+    Deliver {
+        destination: Destination,
+        properties: BasicProperties,
+        after: Duration,
+    },
+    /// Publish to the parking queue.
+    Park {
+        reason: ParkReason,
+        properties: BasicProperties,
+    },
+}
+
+impl Action {
+    /// The properties this action publishes with.
+    pub fn properties(&self) -> &BasicProperties {
+        match self {
+            Self::Wait { properties, .. }
+            | Self::Deliver { properties, .. }
+            | Self::Park { properties, .. } => properties,
+        }
+    }
+
+    /// Where this action publishes: exchange and routing key.
+    pub fn route(&self, names: &Names) -> (ShortString, ShortString) {
+        match self {
+            Self::Wait { queue, .. } => ("".into(), queue.clone()),
+            Self::Deliver { destination, .. } => (
+                destination.exchange.clone(),
+                destination.routing_key.clone(),
+            ),
+            Self::Park { .. } => ("".into(), names.parked.clone()),
+        }
+    }
+}
+
+/// The whole plan for one delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub action: Action,
+    /// When it was decided (ms since the Unix epoch, rounded down): a park
+    /// after a failure is recorded at this time.
+    pub decided_ms: i64,
+    /// The publishing connection's frame size it was fitted to.
+    pub frame_max: u32,
+}
+
+impl Plan {
+    /// What becomes of a delivery its destination did not take: parked with
+    /// the reason for `failure`, the destination recorded for replay, within
+    /// the frame. Only a delivery can fail so; other actions come back as
+    /// they are. Pure: the same plan and failure give the same park.
+    pub fn failed(&self, failure: Failure) -> Action {
+        match &self.action {
+            Action::Deliver {
+                destination,
+                properties,
+                ..
+            } => {
+                let (reason, properties) = parking::refused_delivery(
+                    properties,
+                    destination,
+                    failure,
+                    self.decided_ms,
+                    self.frame_max,
+                );
+                Action::Park { reason, properties }
+            }
+            other => other.clone(),
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Unit tests of the decision.
+
+use super::*;
+use crate::core::contract::{ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY};
+use crate::core::envelope::read_transit;
+use crate::core::wire;
+use crate::testkit::props::{props, s};
+use lapin::types::AMQPValue;
+
+pub(super) fn rules() -> Rules {
+    rules_for(PlacementStrategy::RoundUp)
+}
+
+pub(super) fn rules_for(strategy: PlacementStrategy) -> Rules {
+    Rules::new(
+        &Ladder::from_labels(&["1s", "2s", "5s"]).unwrap(),
+        strategy,
+        "t",
+        "guest",
+    )
+}
+
+pub(super) const NOW: i64 = 1_000_000;
+
+#[test]
+fn ingress_places_in_the_round_up_bucket_with_a_deadline() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(1500)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let Action::Wait {
+        queue,
+        ttl,
+        properties,
+    } = rules().on_ingress(&"eu".into(), &p, NOW, 0.0)
+    else {
+        panic!("expected a bucket")
+    };
+    assert_eq!(queue.as_str(), "t.bucket.2s");
+    assert_eq!(ttl, Duration::from_secs(2));
+    let t = read_transit(&properties).unwrap();
+    assert_eq!(t.deadline_ms, NOW + 1500);
+    assert_eq!(
+        (
+            t.destination.exchange.as_str(),
+            t.destination.routing_key.as_str()
+        ),
+        ("orders", "eu")
+    );
+}
+
+#[test]
+fn expiry_before_the_deadline_goes_round_again_and_after_it_delivers() {
+    let p = props(&[
+        ("x-requested-delay", s("7s")),
+        (ORIGINAL_EXCHANGE, s("")),
+        (ORIGINAL_ROUTING_KEY, s("jobs")),
+    ]);
+    let rules = rules();
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_ingress(&"x".into(), &p, NOW, 0.0)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.5s");
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_expired(&properties, NOW + 5_000)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.2s");
+    assert_eq!(read_transit(&properties).unwrap().hops, 2);
+    let Action::Deliver {
+        destination,
+        properties,
+        after,
+    } = rules.on_expired(&properties, NOW + 7_000)
+    else {
+        panic!()
+    };
+    assert_eq!(after, Duration::ZERO);
+    assert_eq!(destination.routing_key.as_str(), "jobs");
+    assert_eq!(properties, p);
+}
+
+#[test]
+fn zero_delay_delivers_at_once_unchanged() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(0)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    assert!(
+        matches!(rules().on_ingress(&"eu".into(), &p, NOW, 0.0), Action::Deliver { properties, .. } if properties == p)
+    );
+}
+
+#[test]
+fn cascade_goes_down_the_ladder_and_holds_the_last_fraction() {
+    let rules = rules_for(PlacementStrategy::Cascade);
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(3_400)),
+        (ORIGINAL_EXCHANGE, s("o")),
+    ]);
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_ingress(&"k".into(), &p, NOW, 0.0)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.2s");
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_expired(&properties, NOW + 2_003)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.1s");
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_expired(&properties, NOW + 3_010)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.250ms");
+    let Action::Deliver {
+        after, properties, ..
+    } = rules.on_expired(&properties, NOW + 3_262)
+    else {
+        panic!()
+    };
+    assert_eq!(after, Duration::from_millis(138));
+    assert_eq!(properties, p);
+    // Finer rungs below 1s: 500ms, 250ms.
+    let Action::Wait { queue, .. } = rules.on_ingress(
+        &"k".into(),
+        &props(&[
+            ("x-requested-delay", AMQPValue::LongInt(700)),
+            (ORIGINAL_EXCHANGE, s("o")),
+        ]),
+        NOW,
+        0.0,
+    ) else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.bucket.500ms");
+}
+
+/// The README's example: 100 s on the shipped ladder.
+#[test]
+fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
+    let shipped = crate::config::Config::from_toml(include_str!("../../../buckets.toml")).unwrap();
+    let rules = Rules::new(
+        &shipped.ladder,
+        PlacementStrategy::Cascade,
+        "delay",
+        "guest",
+    );
+    let p = props(&[
+        ("x-requested-delay", s("100s")),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let (mut action, mut now, mut path) =
+        (rules.on_ingress(&"k".into(), &p, NOW, 0.0), NOW, vec![]);
+    while let Action::Wait {
+        queue,
+        ttl,
+        properties,
+    } = action
+    {
+        path.push(queue.to_string());
+        now += ttl.as_millis() as i64;
+        action = rules.on_expired(&properties, now);
+    }
+    assert_eq!(
+        path,
+        [
+            "delay.bucket.1m",
+            "delay.bucket.30s",
+            "delay.bucket.7500ms",
+            "delay.bucket.1875ms",
+            "delay.bucket.468ms"
+        ]
+    );
+    assert!(matches!(action, Action::Deliver { after, .. } if after == Duration::from_millis(157)));
+}
+
+#[test]
+fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
+    let rules = rules_for(PlacementStrategy::Priority);
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(1_200)),
+        (ORIGINAL_EXCHANGE, s("o")),
+    ])
+    .with_priority(1);
+    let Action::Wait {
+        queue, properties, ..
+    } = rules.on_ingress(&"k".into(), &p, NOW, 0.0)
+    else {
+        panic!()
+    };
+    assert_eq!(queue.as_str(), "t.pbucket.2s");
+    assert_eq!(properties.expiration().as_ref().unwrap().as_str(), "1200");
+    assert_eq!(*properties.priority(), Some(7));
+    let Action::Deliver { properties, .. } =
+        rules.on_expired(&properties.with_expiration("0".into()), NOW + 1_200)
+    else {
+        panic!()
+    };
+    assert_eq!(properties.priority(), &Some(1));
+}
+
+fn park_reason(p: &BasicProperties) -> ParkReason {
+    match rules().on_ingress(&"rk".into(), p, NOW, 0.0) {
+        Action::Park { reason, .. } => reason,
+        other => panic!("expected park, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_input_is_parked_with_a_reason() {
+    assert_eq!(
+        park_reason(&props(&[(ORIGINAL_EXCHANGE, s("o"))])),
+        ParkReason::MissingDelay
+    );
+    assert!(matches!(
+        park_reason(&props(&[
+            (ORIGINAL_EXCHANGE, s("o")),
+            ("x-requested-delay", s("-3"))
+        ])),
+        ParkReason::InvalidDelay(_)
+    ));
+    assert!(matches!(
+        park_reason(&props(&[("x-requested-delay", s("3s"))])),
+        ParkReason::InvalidDestination(_)
+    ));
+    assert!(matches!(
+        park_reason(&props(&[
+            ("x-requested-delay", s("3s")),
+            (ORIGINAL_EXCHANGE, s("t.router"))
+        ])),
+        ParkReason::DestinationIsRouter(_)
+    ));
+    let p = props(&[("x-requested-delay", s("3s")), (ORIGINAL_EXCHANGE, s("o"))])
+        .with_user_id("mallory".into());
+    assert!(matches!(
+        park_reason(&p),
+        ParkReason::Unacceptable(wire::Unacceptable::UserId { .. })
+    ));
+    assert!(matches!(
+        park_reason(&BasicProperties::default()),
+        ParkReason::InvalidDestination(_)
+    ));
+}
+
+#[test]
+fn expired_without_transit_headers_is_parked() {
+    assert!(matches!(
+        rules().on_expired(&BasicProperties::default(), NOW),
+        Action::Park {
+            reason: ParkReason::NotInTransit(_),
+            ..
+        }
+    ));
+}

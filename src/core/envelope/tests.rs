@@ -1,0 +1,153 @@
+//! Unit tests of the envelope: transit in, hops, exact restore on delivery.
+
+use super::*;
+use crate::testkit::props::{dead_letter, sent, transit};
+
+/// What a bucket does to a message when it dead-letters it.
+fn broker_dead_letters(p: &BasicProperties) -> BasicProperties {
+    dead_letter(p, "delay.bucket.1s", "expired", 0)
+}
+
+#[test]
+fn in_transit_a_message_is_persistent_without_expiration_and_carries_its_route() {
+    let p = enter_transit(&sent(), &transit(), Overrides::default());
+    assert_eq!(*p.delivery_mode(), Some(PERSISTENT));
+    assert_eq!(*p.expiration(), None);
+    assert_eq!(read_transit(&p), Ok(transit()));
+    let h = p.headers().as_ref().unwrap();
+    assert!(!h.contains_key("x-death"), "sender's x-death is set aside");
+}
+
+#[test]
+fn leaving_transit_restores_every_sender_property_exactly() {
+    let original = sent();
+    let mut p = enter_transit(&original, &transit(), Overrides::default());
+    p = broker_dead_letters(&p);
+    p = next_hop(
+        &p,
+        &Transit {
+            hops: 2,
+            ..transit()
+        },
+        Overrides::default(),
+    );
+    p = broker_dead_letters(&p);
+    assert_eq!(read_transit(&p).unwrap().hops, 2);
+    assert_eq!(leave_transit(&p), original);
+}
+
+#[test]
+fn every_combination_of_saved_properties_round_trips() {
+    for mode in [None, Some(1), Some(2)] {
+        for expiration in [None, Some("5000")] {
+            for headers in [None, Some(FieldTable::default())] {
+                let mut p = BasicProperties::default().with_app_id("a".into());
+                if let Some(m) = mode {
+                    p = p.with_delivery_mode(m);
+                }
+                if let Some(e) = expiration {
+                    p = p.with_expiration(e.into());
+                }
+                if let Some(h) = headers.clone() {
+                    p = p.with_headers(h);
+                }
+                let back = leave_transit(&broker_dead_letters(&enter_transit(
+                    &p,
+                    &transit(),
+                    Overrides::default(),
+                )));
+                assert_eq!(back, p, "{mode:?} {expiration:?} {headers:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn strategy_overrides_are_undone_on_delivery() {
+    let o = Overrides {
+        expiration: Some(std::time::Duration::from_millis(1500)),
+        priority: Some(9),
+    };
+    for original in [
+        sent(),
+        BasicProperties::default().with_headers(FieldTable::default()),
+    ] {
+        let p = enter_transit(&original, &transit(), o);
+        assert_eq!(p.expiration().as_ref().map(|e| e.as_str()), Some("1500"));
+        assert_eq!(*p.priority(), Some(9));
+        let p = next_hop(
+            &broker_dead_letters(&p),
+            &transit(),
+            Overrides {
+                priority: Some(4),
+                ..o
+            },
+        );
+        assert_eq!(*p.priority(), Some(4));
+        assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+    }
+    // Entered under round-up, placed again under priority after a switch.
+    let original = BasicProperties::default().with_headers(FieldTable::default());
+    let p = enter_transit(&original, &transit(), Overrides::default());
+    let p = next_hop(&broker_dead_letters(&p), &transit(), o);
+    assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+}
+
+#[test]
+fn a_sender_without_headers_gets_none_back() {
+    let original = BasicProperties::default().with_message_id("m".into());
+    let p = broker_dead_letters(&enter_transit(&original, &transit(), Overrides::default()));
+    assert_eq!(leave_transit(&p), original);
+    let empty = BasicProperties::default().with_headers(FieldTable::default());
+    let p = broker_dead_letters(&enter_transit(&empty, &transit(), Overrides::default()));
+    assert_eq!(leave_transit(&p), empty);
+}
+
+#[test]
+fn incoming_transit_headers_are_replaced_not_trusted() {
+    let mut h = FieldTable::default();
+    h.insert(
+        TRANSIT_EXCHANGE.into(),
+        AMQPValue::LongString("evil".into()),
+    );
+    h.insert(TRANSIT_DEADLINE.into(), AMQPValue::LongLongInt(0));
+    let p = enter_transit(
+        &BasicProperties::default().with_headers(h),
+        &transit(),
+        Overrides::default(),
+    );
+    assert_eq!(read_transit(&p), Ok(transit()));
+}
+
+#[test]
+fn a_message_without_transit_headers_is_refused() {
+    assert_eq!(
+        read_transit(&BasicProperties::default()),
+        Err(TransitError::Malformed(TRANSIT_EXCHANGE))
+    );
+}
+
+#[test]
+fn a_quorum_queues_redelivery_counts_are_dropped_and_nothing_else() {
+    let mut h = FieldTable::default();
+    h.insert("a".into(), AMQPValue::LongInt(1));
+    let plain = BasicProperties::default().with_headers(h.clone());
+    assert_eq!(without_redelivery_headers(&plain), None);
+    assert_eq!(
+        without_redelivery_headers(&BasicProperties::default()),
+        None
+    );
+    for counts in [&REDELIVERY_HEADERS[..1], &REDELIVERY_HEADERS[..]] {
+        let mut h = h.clone();
+        for k in counts {
+            h.insert((*k).into(), AMQPValue::LongLongInt(2));
+        }
+        let counted = BasicProperties::default()
+            .with_headers(h)
+            .with_message_id("m".into());
+        assert_eq!(
+            without_redelivery_headers(&counted),
+            Some(plain.clone().with_message_id("m".into()))
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! Placement: which bucket a message waits in for the time it has left, per strategy.
+//!
+//! - `round-up`: the smallest rung at least the time left (longer than the top
+//!   rung: the top rung, again and again). One hop; late by up to the gap to
+//!   the next rung.
+//! - `cascade`: the largest rung not longer than the time left, again at every
+//!   expiry; below the smallest rung, finer rungs the router adds itself (halving
+//!   down to [`HOLD_BELOW`]); the last fraction the router times itself while
+//!   the delivery stays unacked. Never early; late by milliseconds.
+//! - `priority`: round-up buckets with `x-max-priority`; the message carries a
+//!   per-message `expiration` of the time left and a priority that rises as its
+//!   delay falls within the bucket's range. Only as good as the broker's expiry
+//!   of priority queues (see README).
+
+use crate::core::ladder::{Ladder, Rung};
+use std::{fmt, str::FromStr, time::Duration};
+
+/// Below this the cascade router times the rest itself instead of using a bucket.
+pub const HOLD_BELOW: Duration = Duration::from_millis(250);
+/// Priority levels of a priority bucket (`x-max-priority`).
+pub const PRIORITY_LEVELS: u8 = 10;
+
+/// How the router chooses a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementStrategy {
+    RoundUp,
+    Priority,
+    Cascade,
+}
+
+impl PlacementStrategy {
+    /// Every strategy name accepted in `[placement] strategy`.
+    pub const NAMES: [&'static str; 3] = ["round-up", "priority", "cascade"];
+}
+
+impl FromStr for PlacementStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "round-up" => Ok(Self::RoundUp),
+            "priority" => Ok(Self::Priority),
+            "cascade" => Ok(Self::Cascade),
+            other => Err(format!(
+                "unknown strategy \"{other}\"; expected one of: {}",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PlacementStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::RoundUp => "round-up",
+            Self::Priority => "priority",
+            Self::Cascade => "cascade",
+        })
+    }
+}
+
+/// The rungs a strategy uses: the user's ladder, plus for cascade the finer
+/// rungs below its smallest one (each half the one above, whole milliseconds,
+/// down to [`HOLD_BELOW`]).
+pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder {
+    if strategy != PlacementStrategy::Cascade {
+        return ladder.clone();
+    }
+    let mut rungs = ladder.rungs().to_vec();
+    let mut ms = ladder.smallest().ttl.as_millis() as u64 / 2;
+    while Duration::from_millis(ms) >= HOLD_BELOW {
+        let ttl = Duration::from_millis(ms);
+        if !rungs.iter().any(|r| r.ttl == ttl) {
+            rungs.push(Rung {
+                label: format!("{ms}ms"),
+                ttl,
+            });
+        }
+        ms /= 2;
+    }
+    Ladder::new(rungs).expect("finer rungs keep the ladder valid")
+}
+
+/// Where a message waits next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In the bucket of this rung (of the effective ladder).
+    Bucket {
+        rung: usize,
+        /// Per-message expiration (priority strategy): the time left, when shorter than the rung.
+        expiration: Option<Duration>,
+        /// Message priority inside a priority bucket.
+        priority: Option<u8>,
+    },
+    /// Timed by the router itself for this long, then delivered (cascade only).
+    Hold(Duration),
+}
+
+/// Chooses where a message with `remaining` time left waits, or `None` when it is due now.
+/// `ladder` is the strategy's effective ladder.
+pub fn place(
+    strategy: PlacementStrategy,
+    ladder: &Ladder,
+    remaining: Duration,
+) -> Option<Placement> {
+    if remaining.is_zero() {
+        return None;
+    }
+    Some(match strategy {
+        PlacementStrategy::RoundUp => Placement::Bucket {
+            rung: ladder.round_up(remaining),
+            expiration: None,
+            priority: None,
+        },
+        PlacementStrategy::Cascade => match ladder.round_down(remaining) {
+            Some(rung) if ladder.rungs()[rung].ttl >= HOLD_BELOW => Placement::Bucket {
+                rung,
+                expiration: None,
+                priority: None,
+            },
+            _ if remaining < HOLD_BELOW => Placement::Hold(remaining),
+            // The user's smallest rung is below HOLD_BELOW: use it.
+            Some(rung) => Placement::Bucket {
+                rung,
+                expiration: None,
+                priority: None,
+            },
+            None => Placement::Hold(remaining),
+        },
+        PlacementStrategy::Priority => {
+            let rung = ladder.round_up(remaining);
+            let hi = ladder.rungs()[rung].ttl;
+            if remaining >= hi {
+                // At or beyond the top rung: a full lap at the lowest priority.
+                Placement::Bucket {
+                    rung,
+                    expiration: None,
+                    priority: Some(0),
+                }
+            } else {
+                let lo = rung
+                    .checked_sub(1)
+                    .map_or(Duration::ZERO, |i| ladder.rungs()[i].ttl);
+                Placement::Bucket {
+                    rung,
+                    expiration: Some(remaining),
+                    priority: Some(priority_within(remaining, lo, hi)),
+                }
+            }
+        }
+    })
+}
+
+/// Priority for a delay in `(lo, hi]`: the shorter the delay, the higher.
+pub fn priority_within(remaining: Duration, lo: Duration, hi: Duration) -> u8 {
+    let span = (hi - lo).as_secs_f64();
+    if span <= 0.0 {
+        return 0;
+    }
+    let frac = ((remaining.saturating_sub(lo)).as_secs_f64() / span).clamp(0.0, 1.0);
+    let top = f64::from(PRIORITY_LEVELS - 1);
+    (top - (frac * top).round()).clamp(0.0, top) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::{prop_assert, prop_assert_eq, proptest};
+    use proptest::strategy::Strategy as _;
+
+    fn ladder_strategy() -> impl proptest::strategy::Strategy<Value = Ladder> {
+        proptest::collection::btree_set(1u64..100_000_000, 1..12).prop_map(|ttls| {
+            Ladder::from_labels(&ttls.iter().map(|t| format!("{t}ms")).collect::<Vec<_>>()).unwrap()
+        })
+    }
+
+    fn bucket_rung(p: Placement) -> usize {
+        match p {
+            Placement::Bucket { rung, .. } => rung,
+            Placement::Hold(_) => panic!("unexpected hold"),
+        }
+    }
+
+    #[test]
+    fn a_due_message_is_not_placed() {
+        let l = Ladder::from_labels(&["1s"]).unwrap();
+        for s in [
+            PlacementStrategy::RoundUp,
+            PlacementStrategy::Cascade,
+            PlacementStrategy::Priority,
+        ] {
+            assert_eq!(place(s, &l, Duration::ZERO), None);
+        }
+    }
+
+    #[test]
+    fn unknown_strategy_lists_the_known_ones() {
+        let e = "fastest".parse::<PlacementStrategy>().unwrap_err();
+        assert_eq!(
+            e,
+            "unknown strategy \"fastest\"; expected one of: round-up, priority, cascade"
+        );
+    }
+
+    #[test]
+    fn cascade_adds_halving_rungs_below_the_smallest() {
+        let l = Ladder::from_labels(&["1s", "2s"]).unwrap();
+        let e = effective_ladder(PlacementStrategy::Cascade, &l);
+        let labels: Vec<_> = e.rungs().iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["250ms", "500ms", "1s", "2s"]);
+        let shipped = Ladder::from_labels(&["30s", "1m"]).unwrap();
+        let e = effective_ladder(PlacementStrategy::Cascade, &shipped);
+        assert_eq!(e.smallest().ttl, Duration::from_millis(468));
+        assert_eq!(effective_ladder(PlacementStrategy::RoundUp, &l), l);
+    }
+
+    #[test]
+    fn priority_rises_as_the_delay_falls_within_the_bucket() {
+        let (lo, hi) = (Duration::from_secs(2), Duration::from_secs(4));
+        assert_eq!(priority_within(Duration::from_millis(2001), lo, hi), 9);
+        assert_eq!(priority_within(Duration::from_secs(3), lo, hi), 4);
+        assert_eq!(priority_within(hi, lo, hi), 0);
+        let l = Ladder::from_labels(&["1s", "4s"]).unwrap();
+        let p = place(PlacementStrategy::Priority, &l, Duration::from_millis(1500)).unwrap();
+        assert_eq!(
+            p,
+            Placement::Bucket {
+                rung: 1,
+                expiration: Some(Duration::from_millis(1500)),
+                priority: Some(7)
+            }
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn round_up_picks_the_smallest_rung_at_least_the_delay(ladder in ladder_strategy(), ms in 1u64..400_000_000) {
+            let delay = Duration::from_millis(ms);
+            let rung = bucket_rung(place(PlacementStrategy::RoundUp, &ladder, delay).unwrap());
+            let rungs = ladder.rungs();
+            if delay <= ladder.top().ttl {
+                prop_assert!(rungs[rung].ttl >= delay);
+                prop_assert!(rung == 0 || rungs[rung - 1].ttl < delay);
+            } else {
+                prop_assert_eq!(rung, rungs.len() - 1);
+            }
+        }
+
+        /// Simulates each strategy with buckets that expire exactly on time:
+        /// never early, nothing waits with a TTL of zero, and each ends.
+        #[test]
+        fn every_plan_adds_up_to_at_least_the_delay(ladder in ladder_strategy(), ms in 1u64..400_000_000) {
+            for strategy in [PlacementStrategy::RoundUp, PlacementStrategy::Cascade, PlacementStrategy::Priority] {
+                let eff = effective_ladder(strategy, &ladder);
+                let delay = Duration::from_millis(ms);
+                let (mut left, mut waited, mut hops) = (delay, Duration::ZERO, 0);
+                while let Some(p) = place(strategy, &eff, left) {
+                    let wait = match p {
+                        Placement::Hold(d) => {
+                            prop_assert_eq!(strategy, PlacementStrategy::Cascade);
+                            prop_assert!(d < HOLD_BELOW || d < eff.smallest().ttl);
+                            d
+                        }
+                        Placement::Bucket { rung, expiration, .. } => {
+                            let ttl = eff.rungs()[rung].ttl;
+                            expiration.map_or(ttl, |e| e.min(ttl))
+                        }
+                    };
+                    prop_assert!(!wait.is_zero());
+                    waited += wait;
+                    left = left.saturating_sub(wait);
+                    hops += 1;
+                    prop_assert!(hops < 100_000);
+                }
+                prop_assert!(waited >= delay, "{strategy}: waited {waited:?} < {delay:?}");
+                if strategy == PlacementStrategy::Cascade {
+                    // Exact when the broker is exact: it never overshoots.
+                    prop_assert_eq!(waited, delay);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! Topology: the names and arguments of everything the router declares.
+//! Pure; `broker` does the declaring.
+
+use crate::core::ladder::{Ladder, Rung};
+use crate::core::placement::{PRIORITY_LEVELS, PlacementStrategy};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+/// Names derived from the configured prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub prefix: String,
+    /// `<prefix>.router`: users publish here (fanout: any routing key reaches the router).
+    pub router_exchange: ShortString,
+    /// `<prefix>.ingress`: the router consumes what users published.
+    pub ingress: ShortString,
+    /// `<prefix>.expired`: the exchange every bucket dead-letters to.
+    pub expired_exchange: ShortString,
+    /// `<prefix>.expired`: the queue the router consumes expired messages from.
+    pub expired: ShortString,
+    /// `<prefix>.parked`: messages that cannot be placed or delivered.
+    pub parked: ShortString,
+    /// `<prefix>.state`: one message listing the bucket queues this prefix has
+    /// declared, so buckets no longer in the ladder are drained and removed.
+    pub state: ShortString,
+    /// `<prefix>.presence`: the fanout exchange routers announce themselves on;
+    /// each listens on an exclusive queue `<prefix>.presence.<instance>`.
+    pub presence: ShortString,
+}
+
+/// Longest prefix accepted, leaving room for `.bucket.<label>` within AMQP's 255 bytes.
+pub const MAX_PREFIX_LEN: usize = 128;
+
+impl Names {
+    /// Names for a prefix; the caller has checked it (see `config`).
+    pub fn new(prefix: &str) -> Self {
+        let n = |suffix: &str| ShortString::from(format!("{prefix}.{suffix}"));
+        Self {
+            prefix: prefix.to_owned(),
+            router_exchange: n("router"),
+            ingress: n("ingress"),
+            expired_exchange: n("expired"),
+            expired: n("expired"),
+            parked: n("parked"),
+            state: n("state"),
+            presence: n("presence"),
+        }
+    }
+
+    /// Whether `queue` is one of the router's own queues (ingress, expired,
+    /// parked, state, or a bucket of any strategy, retired ones included).
+    pub fn owns_queue(&self, queue: &str) -> bool {
+        [&self.ingress, &self.expired, &self.parked, &self.state]
+            .iter()
+            .any(|q| q.as_str() == queue)
+            || queue
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|rest| {
+                    [".bucket.", ".pbucket.", ".presence."]
+                        .iter()
+                        .any(|own| rest.starts_with(own))
+                })
+    }
+
+    /// The exclusive queue a router (or `status`) listens on for presence.
+    pub fn presence_queue(&self, instance: &str) -> ShortString {
+        format!("{}.{instance}", self.presence).into()
+    }
+
+    /// `<prefix>.bucket.<label>`; priority buckets (other arguments) are `<prefix>.pbucket.<label>`.
+    pub fn bucket(&self, strategy: PlacementStrategy, rung: &Rung) -> ShortString {
+        let kind = match strategy {
+            PlacementStrategy::Priority => "pbucket",
+            PlacementStrategy::RoundUp | PlacementStrategy::Cascade => "bucket",
+        };
+        format!("{}.{kind}.{}", self.prefix, rung.label).into()
+    }
+
+    /// Every bucket queue of a ladder, with its rung.
+    pub fn buckets<'a>(
+        &'a self,
+        strategy: PlacementStrategy,
+        ladder: &'a Ladder,
+    ) -> impl Iterator<Item = (ShortString, &'a Rung)> + 'a {
+        ladder
+            .rungs()
+            .iter()
+            .map(move |r| (self.bucket(strategy, r), r))
+    }
+}
+
+/// Everything a router declares for one configuration: its names, the queue
+/// type, its own queues and the bucket queues, each with its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub names: Names,
+    pub queue_type: QueueType,
+    /// Ingress, expired, parked and state.
+    pub own: Vec<(ShortString, FieldTable)>,
+    pub buckets: Vec<(ShortString, FieldTable)>,
+}
+
+impl Topology {
+    /// The topology of a (strategy's effective) ladder.
+    pub fn new(
+        names: &Names,
+        strategy: PlacementStrategy,
+        queue_type: QueueType,
+        ladder: &Ladder,
+    ) -> Self {
+        let buckets = names
+            .buckets(strategy, ladder)
+            .map(|(q, rung)| (q, bucket_arguments(names, strategy, queue_type, rung)))
+            .collect();
+        let own = [&names.ingress, &names.expired, &names.parked, &names.state]
+            .into_iter()
+            .map(|q| (q.clone(), own_queue_arguments(names, queue_type, q)))
+            .collect();
+        Self {
+            names: names.clone(),
+            queue_type,
+            own,
+            buckets,
+        }
+    }
+
+    /// The bucket queue names.
+    pub fn bucket_names(&self) -> Vec<ShortString> {
+        self.buckets.iter().map(|(q, _)| q.clone()).collect()
+    }
+}
+
+/// Arguments of a bucket queue: its TTL and the dead-letter exchange leading to the router.
+pub fn bucket_arguments(
+    names: &Names,
+    strategy: PlacementStrategy,
+    queue_type: QueueType,
+    rung: &Rung,
+) -> FieldTable {
+    let mut args = queue_arguments(queue_type);
+    if queue_type == QueueType::Quorum {
+        // The broker retries dead-lettering until the target confirms.
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+    }
+    if strategy == PlacementStrategy::Priority {
+        args.insert(
+            "x-max-priority".into(),
+            AMQPValue::LongLongInt(i64::from(PRIORITY_LEVELS - 1)),
+        );
+    }
+    let ttl = u32::try_from(rung.ttl.as_millis()).unwrap_or(u32::MAX);
+    args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(i64::from(ttl)),
+    );
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(names.expired_exchange.as_str().into()),
+    );
+    args
+}
+
+/// The kind of queue every router queue is declared as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    /// Classic queues: a bucket dead-letters at most once.
+    #[default]
+    Classic,
+    /// Replicated quorum queues; buckets dead-letter at least once.
+    Quorum,
+}
+
+impl std::str::FromStr for QueueType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "classic" => Ok(Self::Classic),
+            "quorum" => Ok(Self::Quorum),
+            other => Err(format!(
+                "unknown queue type \"{other}\"; expected classic or quorum"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for QueueType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        })
+    }
+}
+
+/// Arguments every router queue of this type carries.
+pub fn queue_arguments(queue_type: QueueType) -> FieldTable {
+    let mut args = FieldTable::default();
+    if queue_type == QueueType::Quorum {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
+    args
+}
+
+/// Deliveries of one message a quorum ingress or expired queue allows before
+/// it dead-letters it into the park: RabbitMQ 4's default, made explicit so
+/// that 3.x behaves the same. A message redelivered this often (a router
+/// crashing on it again and again) is parked with `x-death` reason
+/// `delivery_limit`, never dropped.
+pub const DELIVERY_LIMIT: i64 = 20;
+
+/// The delivery limit of the park and the state queue: reading them
+/// (`parked list` returns what it read) must never dead-letter anything.
+pub const NO_DELIVERY_LIMIT: i64 = 1_000_000;
+
+/// Arguments of the router's own queues (not the buckets). What expires in
+/// ingress, or is delivered too often there or in expired (quorum), is
+/// dead-lettered into the park, never dropped.
+pub fn own_queue_arguments(
+    names: &Names,
+    queue_type: QueueType,
+    queue: &ShortString,
+) -> FieldTable {
+    let mut args = queue_arguments(queue_type);
+    let to_park = queue == &names.ingress || queue == &names.expired;
+    if to_park && (queue == &names.ingress || queue_type == QueueType::Quorum) {
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(names.parked.as_str().into()),
+        );
+    }
+    if queue_type == QueueType::Quorum {
+        let limit = if to_park {
+            DELIVERY_LIMIT
+        } else {
+            NO_DELIVERY_LIMIT
+        };
+        args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+    }
+    args
+}
+
+/// Arguments of the ingress queue.
+pub fn ingress_arguments(names: &Names, queue_type: QueueType) -> FieldTable {
+    own_queue_arguments(names, queue_type, &names.ingress)
+}
+
+/// Bucket queues recorded in the state message that the current ladder no
+/// longer has: they keep dead-lettering into the router until empty, and are
+/// then deleted.
+pub fn stale_buckets(recorded: &[String], current: &[ShortString]) -> Vec<String> {
+    let mut stale: Vec<String> = recorded
+        .iter()
+        .filter(|q| !current.iter().any(|c| c.as_str() == q.as_str()))
+        .cloned()
+        .collect();
+    stale.sort();
+    stale.dedup();
+    stale
+}
+
+/// The state message body: one bucket queue name a line.
+pub fn render_state(buckets: &[String]) -> Vec<u8> {
+    buckets.join("\n").into_bytes()
+}
+
+/// Parses a state message body; lines that are not names of this prefix's buckets are ignored.
+pub fn parse_state(prefix: &str, body: &[u8]) -> Vec<String> {
+    let bucket = format!("{prefix}.bucket.");
+    let pbucket = format!("{prefix}.pbucket.");
+    String::from_utf8_lossy(body)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(&bucket) || l.starts_with(&pbucket))
+        .filter(|l| ShortString::try_new(*l).is_ok())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removed_rungs_and_other_strategies_buckets_are_stale() {
+        let names = Names::new("p");
+        let ladder = Ladder::from_labels(&["1s", "2s"]).unwrap();
+        let current: Vec<_> = names
+            .buckets(PlacementStrategy::RoundUp, &ladder)
+            .map(|(q, _)| q)
+            .collect();
+        let recorded = parse_state(
+            "p",
+            b"p.bucket.1s\np.bucket.5s\np.pbucket.1s\nother.bucket.1s\njunk",
+        );
+        assert_eq!(
+            stale_buckets(&recorded, &current),
+            ["p.bucket.5s", "p.pbucket.1s"]
+        );
+        assert_eq!(parse_state("p", &render_state(&recorded)), recorded);
+    }
+
+    #[test]
+    fn quorum_buckets_dead_letter_at_least_once() {
+        let names = Names::new("p");
+        let rung = &Ladder::from_labels(&["1s"]).unwrap().rungs()[0].clone();
+        let args = bucket_arguments(&names, PlacementStrategy::Cascade, QueueType::Quorum, rung);
+        for key in [
+            "x-queue-type",
+            "x-dead-letter-strategy",
+            "x-overflow",
+            "x-message-ttl",
+            "x-dead-letter-exchange",
+        ] {
+            assert!(args.contains_key(key), "{key}");
+        }
+        assert!(ingress_arguments(&names, QueueType::Quorum).contains_key("x-queue-type"));
+        assert!(!ingress_arguments(&names, QueueType::Classic).contains_key("x-queue-type"));
+    }
+
+    #[test]
+    fn what_a_quorum_queue_delivers_too_often_goes_to_the_park() {
+        let names = Names::new("p");
+        let args = |q, t| own_queue_arguments(&names, t, q);
+        let limit = |a: &FieldTable| a.inner().get("x-delivery-limit").cloned();
+        let dlx = |a: &FieldTable| a.inner().get("x-dead-letter-routing-key").cloned();
+        let park = Some(AMQPValue::LongString("p.parked".into()));
+        for q in [&names.ingress, &names.expired] {
+            let quorum = args(q, QueueType::Quorum);
+            assert_eq!(limit(&quorum), Some(AMQPValue::LongLongInt(DELIVERY_LIMIT)));
+            assert_eq!(dlx(&quorum), park);
+        }
+        for q in [&names.parked, &names.state] {
+            let quorum = args(q, QueueType::Quorum);
+            assert_eq!(
+                limit(&quorum),
+                Some(AMQPValue::LongLongInt(NO_DELIVERY_LIMIT))
+            );
+            assert_eq!(dlx(&quorum), None);
+        }
+        // Classic queues have no delivery limit; ingress parks what expires.
+        assert_eq!(dlx(&args(&names.ingress, QueueType::Classic)), park);
+        assert_eq!(
+            args(&names.expired, QueueType::Classic),
+            FieldTable::default()
+        );
+        assert_eq!(limit(&args(&names.ingress, QueueType::Classic)), None);
+    }
+
+    #[test]
+    fn priority_buckets_have_their_own_names_and_max_priority() {
+        let names = Names::new("p");
+        let rung = &Ladder::from_labels(&["1s"]).unwrap().rungs()[0].clone();
+        assert_eq!(
+            names.bucket(PlacementStrategy::Priority, rung).as_str(),
+            "p.pbucket.1s"
+        );
+        assert_eq!(
+            names.bucket(PlacementStrategy::Cascade, rung).as_str(),
+            "p.bucket.1s"
+        );
+        assert!(
+            bucket_arguments(
+                &names,
+                PlacementStrategy::Priority,
+                QueueType::Classic,
+                rung
+            )
+            .contains_key("x-max-priority")
+        );
+        assert!(
+            !bucket_arguments(&names, PlacementStrategy::RoundUp, QueueType::Classic, rung)
+                .contains_key("x-max-priority")
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! Properties as they travel on the wire: their exact encoding (for the
+//! content-header frame limit and for stable message ids), and the property
+//! values RabbitMQ checks on every publish. Pure.
+
+use lapin::BasicProperties;
+use lapin::protocol::basic::gen_properties;
+
+/// RabbitMQ's default `frame_max`, used until a connection says otherwise.
+pub const DEFAULT_FRAME_MAX: u32 = 131_072;
+
+/// Bytes of a content-header frame around the encoded properties: frame type,
+/// channel and size (7), class id, weight and body size (12), frame end (1).
+const HEADER_FRAME_OVERHEAD: usize = 7 + 12 + 1;
+
+/// The properties as AMQP 0-9-1 encodes them (flags, then each property).
+/// `None` only if the encoder refuses them (a string too long for its type).
+pub fn encode_properties(p: &BasicProperties) -> Option<Vec<u8>> {
+    cookie_factory::gen_simple(gen_properties(p), Vec::new()).ok()
+}
+
+/// The size of the content-header frame that carries `p`.
+pub fn header_frame_len(p: &BasicProperties) -> Option<usize> {
+    encode_properties(p).map(|b| b.len() + HEADER_FRAME_OVERHEAD)
+}
+
+/// Whether `p` fits in one content-header frame under `frame_max` (AMQP does
+/// not split a header; the broker closes the connection on a larger frame).
+/// `frame_max = 0` means no limit, as in AMQP's tune.
+pub fn fits(p: &BasicProperties, frame_max: u32) -> bool {
+    match header_frame_len(p) {
+        None => false,
+        Some(_) if frame_max == 0 => true,
+        Some(len) => len <= frame_max as usize,
+    }
+}
+
+/// The header whose removal saves the most bytes, with its encoded size.
+pub fn largest_header(
+    headers: &std::collections::BTreeMap<lapin::types::ShortString, lapin::types::AMQPValue>,
+) -> Option<(lapin::types::ShortString, usize)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            let mut one = lapin::types::FieldTable::default();
+            one.insert(k.clone(), v.clone());
+            let size = encode_properties(&BasicProperties::default().with_headers(one))
+                .map_or(usize::MAX, |b| b.len());
+            (k.clone(), size)
+        })
+        .max_by_key(|(_, size)| *size)
+}
+
+/// A property value RabbitMQ refuses on `basic.publish` (406
+/// PRECONDITION_FAILED, closing the channel).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unacceptable {
+    #[error(
+        "user-id '{user_id}' differs from the router's AMQP user '{router_user}': RabbitMQ refuses to forward it unchanged"
+    )]
+    UserId {
+        user_id: String,
+        router_user: String,
+    },
+    #[error(
+        "expiration '{0}' is not a whole number of milliseconds RabbitMQ accepts (digits, an optional sign, not negative)"
+    )]
+    Expiration(String),
+    #[error("delivery-mode {0} is neither 1 (transient) nor 2 (persistent)")]
+    DeliveryMode(u8),
+}
+
+/// Whether RabbitMQ takes `p` from a publisher authenticated as `user`:
+/// `user-id` must name that user, `expiration` must read as a non-negative
+/// integer (Erlang's `string:to_integer` with nothing left over), and
+/// `delivery-mode` must be 1 or 2 (measured on 3.10: 0, 3 and 255 are refused).
+pub fn acceptable(p: &BasicProperties, user: &str) -> Result<(), Unacceptable> {
+    if let Some(id) = p.user_id()
+        && id.as_str() != user
+    {
+        return Err(Unacceptable::UserId {
+            user_id: id.to_string(),
+            router_user: user.to_owned(),
+        });
+    }
+    if let Some(e) = p.expiration()
+        && !valid_expiration(e.as_str())
+    {
+        return Err(Unacceptable::Expiration(e.to_string()));
+    }
+    match *p.delivery_mode() {
+        None | Some(1) | Some(2) => Ok(()),
+        Some(m) => Err(Unacceptable::DeliveryMode(m)),
+    }
+}
+
+/// RabbitMQ's rule for `expiration`: an optional sign, then digits and
+/// nothing else, not negative (`"+5"` and `"-0"` pass, `" 5"` and `"-1"` do not).
+pub fn valid_expiration(e: &str) -> bool {
+    let (negative, digits) = match e.as_bytes().first() {
+        Some(b'-') => (true, &e[1..]),
+        Some(b'+') => (false, &e[1..]),
+        _ => (false, e),
+    };
+    !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (!negative || digits.bytes().all(|b| b == b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+
+    fn with_pad(n: usize) -> BasicProperties {
+        let mut h = FieldTable::default();
+        h.insert(
+            "pad".into(),
+            AMQPValue::LongString(LongString::from("p".repeat(n))),
+        );
+        BasicProperties::default().with_headers(h)
+    }
+
+    #[test]
+    fn encoding_counts_every_byte() {
+        // Flags only.
+        assert_eq!(
+            encode_properties(&BasicProperties::default())
+                .unwrap()
+                .len(),
+            2
+        );
+        // Flags, table length (4), key (1 + 3), type (1), string length (4) + 10.
+        assert_eq!(
+            encode_properties(&with_pad(10)).unwrap().len(),
+            2 + 4 + 4 + 1 + 4 + 10
+        );
+    }
+
+    #[test]
+    fn the_frame_limit_is_the_brokers() {
+        // The broker refused a 131,219-byte header payload against frame_max
+        // 131,072 ("frame_too_large,131219,131064"): the payload may be at
+        // most frame_max - 8, and the payload is 12 bytes plus the properties.
+        let base = header_frame_len(&with_pad(0)).unwrap();
+        let largest = DEFAULT_FRAME_MAX as usize - base;
+        assert!(fits(&with_pad(largest), DEFAULT_FRAME_MAX));
+        assert!(!fits(&with_pad(largest + 1), DEFAULT_FRAME_MAX));
+        assert!(fits(&with_pad(largest + 1), 0));
+    }
+
+    /// Each value was published to RabbitMQ 3.10.8 (see the README's Security
+    /// section); the refused ones closed the channel with 406.
+    #[test]
+    fn expirations_follow_the_brokers_rule() {
+        for ok in ["0", "+5", "-0", "00012", "4294967295", "4294967296"] {
+            assert!(valid_expiration(ok), "{ok}");
+        }
+        for bad in ["", " 5", "5 ", "abc", "-1", "+", "-", "1e5", "5ms"] {
+            assert!(!valid_expiration(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_user_id_must_be_the_publishers_and_the_mode_1_or_2() {
+        let p = BasicProperties::default().with_user_id("bob".into());
+        assert!(acceptable(&p, "bob").is_ok());
+        assert!(matches!(
+            acceptable(&p, "router"),
+            Err(Unacceptable::UserId { .. })
+        ));
+        for (mode, ok) in [(0, false), (1, true), (2, true), (3, false)] {
+            let p = BasicProperties::default().with_delivery_mode(mode);
+            assert_eq!(acceptable(&p, "r").is_ok(), ok, "{mode}");
+        }
+        let p = BasicProperties::default().with_expiration("soon".into());
+        assert_eq!(
+            acceptable(&p, "r"),
+            Err(Unacceptable::Expiration("soon".into()))
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! Carrying out one plan: hold it if the plan says so, publish it, and settle
+//! the source delivery once the broker has taken the replacement. A delivery
+//! the destination does not take (NO_ROUTE, a nack, a channel closed over it,
+//! a refusal remembered from an earlier message) becomes the park the plan
+//! says ([`Plan::failed`]). Only faults of the connection, or of the router's
+//! own queues, end the session.
+//!
+//! Each pipeline publishes on two lanes. The **main lane** pipelines
+//! publishes to destinations known to take messages (the default exchange,
+//! an exchange that confirmed a publish lately). The **careful lane**
+//! publishes one message at a time on a channel of its own: a destination not
+//! known yet, and every message that was in flight on a main channel the
+//! broker closed ("suspects"). A channel the broker closes on the careful
+//! lane has exactly one possible cause.
+
+use super::SessionError;
+use super::destinations::Destinations;
+use super::settle::{self, Settler};
+use super::stats::Stats;
+use crate::broker::BrokerError;
+use crate::broker::publish::{Message, Outcome, Publisher};
+use crate::core::decision::{Action, Plan, Rules};
+use crate::core::parking::Failure;
+use crate::core::reasons::exchange_label;
+use lapin::Connection;
+use std::sync::Arc;
+use tracing::{debug, warn};
+
+/// Publishes one message may take before the session gives up on it (a
+/// placement, a park after a refusal, a retry on the careful lane, and spare).
+const MAX_PUBLISHES_PER_MESSAGE: usize = 10;
+
+/// The two lanes of one pipeline.
+pub struct Lanes {
+    main: Publisher,
+    careful: Publisher,
+    /// Held for the whole of one careful publish, so the careful channel
+    /// never has two publishes in flight.
+    careful_turn: tokio::sync::Mutex<()>,
+}
+
+impl Lanes {
+    pub async fn open(conn: Arc<Connection>) -> Result<Self, BrokerError> {
+        Ok(Self {
+            main: Publisher::open(conn.clone()).await?,
+            careful: Publisher::open(conn).await?,
+            careful_turn: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub async fn close(&self) {
+        self.main.close().await;
+        self.careful.close().await;
+    }
+}
+
+/// A source delivery and its plan.
+pub struct Pending {
+    pub tag: u64,
+    pub data: Arc<Vec<u8>>,
+    pub plan: Plan,
+}
+
+/// What forwarding needs, shared by one pipeline's tasks.
+pub struct Forwarder {
+    pub rules: Arc<Rules>,
+    pub lanes: Arc<Lanes>,
+    pub destinations: Arc<Destinations>,
+    pub settler: Settler,
+    pub stats: Arc<Stats>,
+}
+
+impl Forwarder {
+    /// Tells the settler a delivery arrived (before its replacement is published).
+    pub fn delivered(&self, tag: u64) -> Result<(), SessionError> {
+        self.settler
+            .send(settle::Event::Delivered(tag))
+            .map_err(|_| SessionError::SettlerStopped)
+    }
+
+    /// Publishes the plan's message until the broker has it, then settles
+    /// the source delivery.
+    pub async fn forward(&self, mut pending: Pending) -> Result<(), SessionError> {
+        if let Action::Deliver { after, .. } = &pending.plan.action
+            && !after.is_zero()
+        {
+            // Cascade's last fraction: timed here while the delivery stays unacked.
+            tokio::time::sleep(*after).await;
+        }
+        // In flight on a main channel the broker closed: it may be the cause.
+        let mut suspect = false;
+        for _ in 0..MAX_PUBLISHES_PER_MESSAGE {
+            if let Some(failure) = self.remembered_refusal(&pending.plan.action) {
+                self.fail(&mut pending.plan, failure);
+                continue;
+            }
+            let careful = suspect || self.unverified(&pending.plan.action);
+            let turn = if careful {
+                let turn = self.lanes.careful_turn.lock().await;
+                // Earlier careful publishes may have settled the question.
+                if !suspect && !self.unverified(&pending.plan.action) {
+                    continue;
+                }
+                if self.remembered_refusal(&pending.plan.action).is_some() {
+                    continue;
+                }
+                Some(turn)
+            } else {
+                None
+            };
+            let lane = if careful {
+                &self.lanes.careful
+            } else {
+                &self.lanes.main
+            };
+            let (exchange, routing_key) = pending.plan.action.route(&self.rules.names);
+            let message = Message {
+                exchange: &exchange,
+                routing_key: &routing_key,
+                properties: pending.plan.action.properties(),
+                data: &pending.data,
+            };
+            let outcome = lane.publish(message).await?;
+            drop(turn);
+            let action = &pending.plan.action;
+            let own = || routing_key.to_string();
+            match (outcome, action) {
+                (Outcome::Confirmed, action) => {
+                    if let Action::Deliver { destination, .. } = action {
+                        self.destinations.verify(&destination.exchange);
+                    }
+                    self.stats.record(action);
+                    return self
+                        .settler
+                        .send(settle::Event::Settled(pending.tag))
+                        .map_err(|_| SessionError::SettlerStopped);
+                }
+                (Outcome::Returned, Action::Deliver { .. }) => {
+                    self.fail(&mut pending.plan, Failure::Returned)
+                }
+                (Outcome::Nacked, Action::Deliver { .. }) => {
+                    self.fail(&mut pending.plan, Failure::Nacked)
+                }
+                (Outcome::ChannelClosed(_) | Outcome::ChannelGone, _) if !careful => {
+                    self.stats.record_suspect();
+                    suspect = true;
+                }
+                (Outcome::ChannelClosed(reply), Action::Deliver { destination, .. }) => {
+                    warn!(
+                        exchange = exchange_label(destination.exchange.as_str()),
+                        routing_key = %destination.routing_key,
+                        reply = %reply,
+                        "the broker refused a delivery: parking it"
+                    );
+                    self.stats.record_refusal();
+                    self.destinations.refuse(destination, &reply);
+                    let failure = Failure::Refused {
+                        reply,
+                        remembered_ms: None,
+                    };
+                    self.fail(&mut pending.plan, failure);
+                }
+                (Outcome::ChannelClosed(reply), _) => {
+                    return Err(SessionError::OwnPublishRefused {
+                        queue: own(),
+                        reply,
+                    });
+                }
+                // The careful channel was closing already: publish again.
+                (Outcome::ChannelGone, _) => {}
+                (Outcome::Returned, _) => return Err(SessionError::QueueMissing(own())),
+                (Outcome::Nacked, _) => return Err(SessionError::OwnPublishNacked(own())),
+            }
+        }
+        Err(SessionError::Unsettled {
+            queue: pending.plan.action.route(&self.rules.names).1.to_string(),
+            attempts: MAX_PUBLISHES_PER_MESSAGE,
+        })
+    }
+
+    /// The plan's delivery becomes the park the plan says for `failure`.
+    fn fail(&self, plan: &mut Plan, failure: Failure) {
+        plan.action = plan.failed(failure);
+        if let Action::Park { reason, .. } = &plan.action {
+            warn!(reason = %reason, "parking message");
+        }
+    }
+
+    /// A refusal of the plan's destination learned lately, if any.
+    fn remembered_refusal(&self, action: &Action) -> Option<Failure> {
+        let Action::Deliver { destination, .. } = action else {
+            return None;
+        };
+        let (reply, age) = self.destinations.refusal(destination)?;
+        debug!(exchange = %destination.exchange, "parking from a remembered refusal");
+        Some(Failure::Refused {
+            reply,
+            remembered_ms: Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+        })
+    }
+
+    /// A delivery to an exchange that has not confirmed a publish lately.
+    fn unverified(&self, action: &Action) -> bool {
+        matches!(action, Action::Deliver { destination, .. }
+            if !self.destinations.is_verified(destination.exchange.as_str()))
+    }
+}

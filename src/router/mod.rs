@@ -1,0 +1,134 @@
+//! The router service: where each delivery's plan is carried out.
+//!
+//! - [`supervisor`]: keeps a session alive, reconnecting with backoff.
+//! - [`session`]: one broker session: connect, declare, run both pipelines,
+//!   the [`janitor`] and the [`drift`] watch.
+//! - [`pipeline`]: consumes ingress or expired, asks the core for each
+//!   delivery's plan, and hands it to [`forward`].
+//! - [`forward`]: carries a plan out on the main or the careful lane, parks
+//!   what the destination refuses, and settles the source delivery.
+//! - [`destinations`]: what the router learned about destinations (took a
+//!   message, refused one).
+//! - [`presence`]: the routers of one prefix announce themselves and know of
+//!   each other.
+//! - [`settle`]: acks source deliveries in bulk once their replacements are confirmed.
+//! - [`prefetch`]: the prefetch window, sized to a byte budget.
+//! - [`clock`], [`stats`]: the router's clock and its counters.
+
+pub mod clock;
+pub mod destinations;
+pub mod drift;
+pub mod forward;
+pub mod janitor;
+pub mod pipeline;
+pub mod prefetch;
+pub mod presence;
+pub mod session;
+pub mod settle;
+pub mod stats;
+pub mod supervisor;
+
+use crate::broker::BrokerError;
+use crate::config::Config;
+use crate::core::decision::Rules;
+use crate::core::placement::PlacementStrategy;
+use crate::core::reasons::BrokerReply;
+use destinations::Destinations;
+use stats::Stats;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How long shutdown waits for in-flight publishes to be confirmed and acked.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// Said at start when the priority strategy is configured: the router cannot
+/// read the broker's version (lapin does not expose it), so it says what each
+/// version gives.
+pub const PRIORITY_WARNING: &str = "strategy \"priority\": on RabbitMQ before 4.3 a priority queue \
+expires only at the head of its highest non-empty priority level, so a message can wait past its own \
+TTL behind longer ones of higher priority (measured on 3.10: up to the bucket's TTL); quorum queues \
+refuse x-max-priority before 4.0. Use \"cascade\" for exact delays (see README, Precision)";
+
+/// Why the router stopped for good.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The topology conflicts with what exists: retrying cannot help.
+    #[error(transparent)]
+    Topology(BrokerError),
+}
+
+/// What ends a session; the supervisor reconnects after it.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("the consumer of {0} was cancelled by the broker")]
+    ConsumerCancelled(String),
+    #[error("the consumer of {queue} failed: {message}")]
+    ConsumerFailed { queue: String, message: String },
+    #[error("queue {0} is missing (topology drift); redeclaring")]
+    QueueMissing(String),
+    #[error("the broker refused (basic.nack) the router's publish to its own queue {0}")]
+    OwnPublishNacked(String),
+    #[error(
+        "the broker refused the router's publish to its own queue {queue} through the default \
+         exchange ({reply}); the router's user needs write permission on amq.default (see README, Security)"
+    )]
+    OwnPublishRefused { queue: String, reply: BrokerReply },
+    #[error("no publish of a message to {queue} was settled after {attempts} attempts")]
+    Unsettled { queue: String, attempts: usize },
+    #[error("the settler stopped")]
+    SettlerStopped,
+    #[error("a pipeline task failed: {0}")]
+    Task(String),
+}
+
+/// What the sessions of one router process share.
+#[derive(Debug)]
+pub struct Shared {
+    pub stats: Arc<Stats>,
+    pub destinations: Arc<Destinations>,
+    pub peers: presence::Peers,
+    /// This process among the routers of its prefix.
+    pub instance: String,
+    pub since_ms: i64,
+}
+
+/// Runs the router until `shutdown` completes, reconnecting after broker faults.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RouterError> {
+    run_with_stats(config, shutdown, Arc::default()).await
+}
+
+/// As [`run`], counting what it does in `stats`.
+pub async fn run_with_stats(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    stats: Arc<Stats>,
+) -> Result<(), RouterError> {
+    let rules = Arc::new(Rules::from_config(&config));
+    if rules.strategy == PlacementStrategy::Priority {
+        warn!("{PRIORITY_WARNING}");
+    }
+    let stop = CancellationToken::new();
+    let logger = tokio::spawn(stats::log_every(stats.clone(), stop.clone()));
+    let shared = Arc::new(Shared {
+        stats,
+        destinations: Arc::new(Destinations::default()),
+        peers: presence::Peers::default(),
+        instance: presence::new_instance(),
+        since_ms: presence::epoch_ms(),
+    });
+    let supervisor = supervisor::supervise(config, rules, shared, stop.clone());
+    tokio::pin!(supervisor);
+    tokio::select! {
+        result = &mut supervisor => return result,
+        () = shutdown => info!("shutdown requested: stopping consumers, settling in-flight messages"),
+    }
+    stop.cancel();
+    let result = supervisor.await;
+    let _ = logger.await;
+    result
+}

@@ -1,0 +1,219 @@
+//! A pipeline: consumes one of the router's queues (ingress or expired),
+//! asks the core for each delivery's [`Plan`](crate::core::decision::Plan)
+//! and hands it to [`forward`](super::forward), which runs concurrently
+//! (bounded by the prefetch window). Source deliveries are acked by the
+//! [`settle`] task once their replacement is confirmed.
+
+use super::destinations::Destinations;
+use super::forward::{Forwarder, Lanes, Pending};
+use super::prefetch::PrefetchWindow;
+use super::session::Fault;
+use super::stats::Stats;
+use super::{SHUTDOWN_GRACE, SessionError, clock, settle};
+use crate::broker::{self, RPC_TIMEOUT, close_channel, timed};
+use crate::core::decision::{Action, Context, Delivery, Rules, Source};
+use crate::core::reasons::exchange_label;
+use futures_util::StreamExt;
+use lapin::Connection;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, error, info, warn};
+
+/// One source queue's consumer and what it needs.
+pub struct Pipeline {
+    pub source: Source,
+    pub rules: Arc<Rules>,
+    pub conn: Arc<Connection>,
+    pub publish_conn: Arc<Connection>,
+    pub destinations: Arc<Destinations>,
+    pub fault: Fault,
+    pub stats: Arc<Stats>,
+    pub prefetch: u16,
+    pub inflight_bytes: u64,
+}
+
+impl Pipeline {
+    /// Consumes until `stop` or a fault (which it raises when it is its own).
+    pub async fn run(self, stop: CancellationToken) {
+        if let Err(e) = self.consume(stop).await {
+            self.fault.raise(e);
+        }
+    }
+
+    async fn consume(&self, stop: CancellationToken) -> Result<(), SessionError> {
+        let queue = match self.source {
+            Source::Ingress => self.rules.names.ingress.clone(),
+            Source::Expired => self.rules.names.expired.clone(),
+        };
+        let consume_ch = broker::channel(&self.conn).await?;
+        let qos = |count| {
+            timed(
+                "basic.qos",
+                RPC_TIMEOUT,
+                consume_ch.basic_qos(count, BasicQosOptions::default()),
+            )
+        };
+        qos(self.prefetch).await?;
+        let lanes = Arc::new(Lanes::open(self.publish_conn.clone()).await?);
+        let tag: ShortString = format!("delay-router-{}", self.source.name()).into();
+        let mut consumer = timed(
+            &format!("basic.consume {queue}"),
+            RPC_TIMEOUT,
+            consume_ch.basic_consume(
+                queue.clone(),
+                tag.clone(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            ),
+        )
+        .await?;
+        info!(queue = %queue, prefetch = self.prefetch, "consuming");
+        let tracker = TaskTracker::new();
+        let mut window = PrefetchWindow::new(self.prefetch, self.inflight_bytes);
+        let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
+        let acks = {
+            let (ch, fault) = (consume_ch.clone(), self.fault.clone());
+            tokio::spawn(
+                async move {
+                    if let Err(e) = settle::run(ch, settled).await {
+                        fault.raise(e.into());
+                    }
+                }
+                .in_current_span(),
+            )
+        };
+        let forwarder = Arc::new(Forwarder {
+            rules: self.rules.clone(),
+            lanes: lanes.clone(),
+            destinations: self.destinations.clone(),
+            settler,
+            stats: self.stats.clone(),
+        });
+        let outcome = loop {
+            tokio::select! {
+                () = stop.cancelled() => break Ok(()),
+                () = self.fault.raised() => break Ok(()),
+                next = consumer.next() => match next {
+                    Some(Ok(delivery)) => {
+                        if let Some(count) = window.observe(delivery.data.len()) {
+                            info!(prefetch = count, mean_bytes = delivery.data.len(), "resizing the prefetch window to the byte budget");
+                            if let Err(e) = qos(count).await {
+                                break Err(e.into());
+                            }
+                        }
+                        if let Err(e) = self.handle(delivery, &forwarder, &tracker) {
+                            break Err(e);
+                        }
+                    }
+                    Some(Err(e)) => break Err(SessionError::ConsumerFailed {
+                        queue: queue.to_string(),
+                        message: crate::config::redact_text(&e.to_string()),
+                    }),
+                    None => break Err(SessionError::ConsumerCancelled(queue.to_string())),
+                }
+            }
+        };
+        if outcome.is_ok() {
+            let _ = timed(
+                "basic.cancel",
+                RPC_TIMEOUT,
+                consume_ch.basic_cancel(tag, BasicCancelOptions::default()),
+            )
+            .await;
+        }
+        tracker.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!("in-flight messages not settled in time; the broker will redeliver them");
+        }
+        drop(forwarder);
+        if tokio::time::timeout(RPC_TIMEOUT, acks).await.is_err() {
+            warn!("final acks not sent in time; the broker will redeliver those messages");
+        }
+        // Unsettled deliveries return to their queue when the channel closes.
+        lanes.close().await;
+        close_channel(&consume_ch, "bye").await;
+        outcome
+    }
+
+    /// Decides a delivery's plan and starts carrying it out.
+    fn handle(
+        &self,
+        delivery: lapin::message::Delivery,
+        forwarder: &Arc<Forwarder>,
+        tracker: &TaskTracker,
+    ) -> Result<(), SessionError> {
+        let cx = Context {
+            now_ms: clock::now_ms(),
+            stamp_ms: clock::stamp_ms(),
+            unit: rand::random::<f64>(),
+            frame_max: self.publish_conn.configuration().frame_max(),
+        };
+        let plan = self.rules.decide(
+            &Delivery {
+                source: self.source,
+                exchange: delivery.exchange.as_str(),
+                routing_key: &delivery.routing_key,
+                properties: &delivery.properties,
+                body: &delivery.data,
+            },
+            &cx,
+        );
+        log_decision(&plan.action, delivery.redelivered);
+        forwarder.delivered(delivery.delivery_tag)?;
+        let pending = Pending {
+            tag: delivery.delivery_tag,
+            data: Arc::new(delivery.data),
+            plan,
+        };
+        let forwarder = forwarder.clone();
+        let fault = self.fault.clone();
+        tracker.spawn(
+            async move {
+                if let Err(e) = forwarder.forward(pending).await {
+                    error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
+                    fault.raise(e);
+                }
+            }
+            .in_current_span(),
+        );
+        Ok(())
+    }
+}
+
+/// One line per decision; the message id (the sender's, or the one derived
+/// at ingress) lets an operator follow a message through the buckets.
+fn log_decision(action: &Action, redelivered: bool) {
+    let id = action
+        .properties()
+        .message_id()
+        .as_ref()
+        .map_or("", |id| id.as_str());
+    match action {
+        Action::Wait { queue, ttl, .. } => debug!(
+            message_id = id,
+            redelivered,
+            bucket = %queue,
+            ttl_ms = ttl.as_millis() as u64,
+            "placed"
+        ),
+        Action::Deliver {
+            destination, after, ..
+        } => debug!(
+            message_id = id,
+            redelivered,
+            exchange = exchange_label(destination.exchange.as_str()),
+            routing_key = %destination.routing_key,
+            hold_ms = after.as_millis() as u64,
+            "delivering"
+        ),
+        Action::Park { reason, .. } => {
+            warn!(message_id = id, redelivered, reason = %reason, "parking message")
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! One broker session: connect (consuming and publishing on separate
+//! connections, as RabbitMQ's shovel does: the broker then parses each on its
+//! own process and core), declare the topology, run both pipelines with the
+//! janitor and the drift watch beside them, and close. The first fault of any
+//! task ends the session.
+
+use super::pipeline::Pipeline;
+use super::presence::{self, Announcement};
+use super::{SessionError, Shared, drift, janitor};
+use crate::broker::{self, RPC_TIMEOUT, close_connection, probe};
+use crate::config::Config;
+use crate::core::decision::{Rules, Source};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tracing::{Instrument, error, info, info_span, warn};
+
+/// A fault raised by any task of a session; the first one wins and ends it.
+#[derive(Clone, Default)]
+pub struct Fault {
+    token: CancellationToken,
+    first: Arc<Mutex<Option<SessionError>>>,
+}
+
+impl Fault {
+    /// Records `e` if it is the first, and ends the session.
+    pub fn raise(&self, e: SessionError) {
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some(e);
+        }
+        self.token.cancel();
+    }
+
+    /// Completes once a fault is raised.
+    pub fn raised(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    fn take(&self) -> Option<SessionError> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// Runs one session until `stop` (Ok) or the first fault (Err). It connects
+/// to the first of the configured nodes that answers, from `node` on, and
+/// leaves in `node` the one it used.
+pub async fn run(
+    config: &Config,
+    rules: &Arc<Rules>,
+    shared: &Arc<Shared>,
+    stop: &CancellationToken,
+    node: &mut usize,
+) -> Result<(), SessionError> {
+    let urls = &config.urls;
+    let ca = config.ca_file.as_ref();
+    let name = |role| format!("delay-router {role} {}", config.prefix);
+    let (conn, used) = broker::connect_any(urls, *node, ca, &name("consume")).await?;
+    *node = used;
+    let conn = Arc::new(conn);
+    // Publishing on the same node first: one node's fault then costs one
+    // reconnect, not two.
+    let publish_conn = match broker::connect_any(urls, used, ca, &name("publish")).await {
+        Ok((c, _)) => Arc::new(c),
+        Err(e) => {
+            close_connection(&conn, "bye").await;
+            return Err(e.into());
+        }
+    };
+    let server = match broker::server::server_info(&urls[used], ca).await {
+        Ok(info) => info.to_string(),
+        Err(e) => format!("unknown ({e})"),
+    };
+    info!(node = %urls[used], broker = %server, prefix = %rules.names.prefix, strategy = %rules.strategy, "connected");
+    let topology = Arc::new(rules.topology());
+    let stale = match prepare(&conn, &topology).await {
+        Ok(stale) => stale,
+        Err(e) => {
+            close_connection(&conn, "bye").await;
+            close_connection(&publish_conn, "bye").await;
+            return Err(e);
+        }
+    };
+    info!(buckets = rules.ladder.rungs().len(), "topology declared");
+    shared.stats.record_session();
+    let me = Announcement {
+        instance: shared.instance.clone(),
+        host: presence::host_name(),
+        pid: std::process::id(),
+        since_ms: shared.since_ms,
+        consume_node: urls[used].to_string(),
+        publish_node: urls[used].to_string(),
+        broker: server.clone(),
+        strategy: rules.strategy.to_string(),
+        queue_type: rules.queue_type.to_string(),
+        buckets: topology
+            .bucket_names()
+            .iter()
+            .map(|q| q.to_string())
+            .collect(),
+        version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let fault = Fault::default();
+    let halt = CancellationToken::new();
+    let live_for = config.check_interval * presence::LIVE_FOR_INTERVALS;
+    let announcer = {
+        let (conn, names, halt) = (publish_conn.clone(), rules.names.clone(), halt.clone());
+        let (shared, every) = (shared.clone(), config.check_interval);
+        tokio::spawn(
+            async move { presence::run(&conn, &names, &me, &shared.peers, every, halt).await }
+                .instrument(info_span!("presence")),
+        )
+    };
+    let janitor = {
+        let (conn, topology, halt) = (conn.clone(), topology.clone(), halt.clone());
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let in_use = || shared.peers.buckets_in_use(live_for, &shared.instance);
+                if let Err(e) = janitor::sweep(&conn, &topology, stale, halt, in_use).await {
+                    warn!(error = %e, "stale bucket sweep stopped; it resumes on the next start");
+                }
+            }
+            .instrument(info_span!("janitor")),
+        )
+    };
+    let watcher = {
+        let (conn, topology, halt) = (conn.clone(), topology.clone(), halt.clone());
+        let every = config.check_interval;
+        tokio::spawn(
+            async move { drift::watch(&conn, &topology, every, halt).await }
+                .instrument(info_span!("topology")),
+        )
+    };
+    let mut pipelines = Vec::new();
+    for source in [Source::Ingress, Source::Expired] {
+        let p = Pipeline {
+            source,
+            rules: rules.clone(),
+            conn: conn.clone(),
+            publish_conn: publish_conn.clone(),
+            destinations: shared.destinations.clone(),
+            fault: fault.clone(),
+            stats: shared.stats.clone(),
+            prefetch: config.prefetch,
+            inflight_bytes: config.inflight_bytes,
+        };
+        let stop = stop.clone();
+        pipelines.push(tokio::spawn(
+            p.run(stop)
+                .instrument(info_span!("pipeline", source = source.name())),
+        ));
+    }
+    for handle in pipelines {
+        if let Err(join) = handle.await {
+            fault.raise(SessionError::Task(join.to_string()));
+        }
+    }
+    halt.cancel();
+    let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
+    let _ = tokio::time::timeout(RPC_TIMEOUT, watcher).await;
+    let _ = tokio::time::timeout(RPC_TIMEOUT, announcer).await;
+    close_connection(&conn, "delay-router stopping").await;
+    close_connection(&publish_conn, "delay-router stopping").await;
+    match fault.take() {
+        Some(e) => Err(e),
+        None => {
+            info!("stopped cleanly");
+            Ok(())
+        }
+    }
+}
+
+/// Reports drift found at start, declares the topology and records the
+/// bucket state; returns the stale buckets the janitor should remove.
+async fn prepare(
+    conn: &lapin::Connection,
+    topology: &crate::core::topology::Topology,
+) -> Result<Vec<String>, SessionError> {
+    // A prefix that ran before has its state queue: anything else missing
+    // was deleted since (at a first start everything is missing).
+    if let Ok(Some(_)) = probe::queue(conn, &topology.names.state).await
+        && let Ok(gone) = drift::missing(conn, topology).await
+        && !gone.is_empty()
+    {
+        error!(missing = %gone.join(", "), "topology drift found at start: declaring the missing exchanges and queues again");
+    }
+    broker::declare::declare(conn, topology).await?;
+    Ok(janitor::record(conn, topology).await?)
+}

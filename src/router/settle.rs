@@ -1,0 +1,172 @@
+//! Settling source deliveries: one `basic.ack` with `multiple` for every run
+//! of contiguous deliveries whose replacements are confirmed, as RabbitMQ's
+//! shovel does. A delivery is never acked before its own replacement is
+//! confirmed. Deliveries settled behind one that is not (cascade holds its
+//! last fraction for up to 250 ms while the delivery stays unacked) are
+//! acked one by one at once: left unacked, each would be sent twice if the
+//! router died meanwhile.
+
+use crate::broker::{BrokerError, RPC_TIMEOUT, timed};
+use lapin::Channel;
+use lapin::options::BasicAckOptions;
+use std::collections::{BTreeSet, HashSet};
+use tokio::sync::mpsc;
+
+/// What the settler learns, in order: a tag was delivered, or its replacement confirmed.
+#[derive(Debug, Clone, Copy)]
+pub enum Event {
+    Delivered(u64),
+    Settled(u64),
+}
+
+/// The acks to send now.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Acks {
+    /// Ack every delivery up to this tag (`multiple`).
+    pub up_to: Option<u64>,
+    /// Ack these one by one: settled, but behind an unsettled delivery.
+    pub singles: Vec<u64>,
+}
+
+/// The ack window: tracks unacked deliveries and answers with the acks that are safe.
+#[derive(Debug, Default)]
+pub struct AckWindow {
+    unacked: BTreeSet<u64>,
+    settled: HashSet<u64>,
+}
+
+impl AckWindow {
+    pub fn apply(&mut self, event: Event) {
+        match event {
+            Event::Delivered(tag) => {
+                self.unacked.insert(tag);
+            }
+            Event::Settled(tag) => {
+                self.settled.insert(tag);
+            }
+        }
+    }
+
+    /// Takes every settled delivery out of the window: the settled prefix as
+    /// one `multiple` ack, the rest one by one.
+    pub fn advance(&mut self) -> Acks {
+        let mut acks = Acks::default();
+        while let Some(&first) = self.unacked.first() {
+            if !self.settled.remove(&first) {
+                break;
+            }
+            self.unacked.pop_first();
+            acks.up_to = Some(first);
+        }
+        acks.singles = self.settled.drain().collect();
+        acks.singles.sort_unstable();
+        for tag in &acks.singles {
+            self.unacked.remove(tag);
+        }
+        acks
+    }
+
+    /// Deliveries not yet acked.
+    pub fn outstanding(&self) -> usize {
+        self.unacked.len()
+    }
+}
+
+/// Sender side handed to the pipeline and its tasks.
+pub type Settler = mpsc::UnboundedSender<Event>;
+
+/// Runs until every sender is dropped, acking on `ch` as deliveries settle.
+pub async fn run(ch: Channel, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(), BrokerError> {
+    let mut window = AckWindow::default();
+    while let Some(event) = rx.recv().await {
+        window.apply(event);
+        while let Ok(event) = rx.try_recv() {
+            window.apply(event);
+        }
+        let acks = window.advance();
+        let multiple = acks.up_to.map(|tag| (tag, true));
+        let singles = acks.singles.into_iter().map(|tag| (tag, false));
+        for (tag, multiple) in multiple.into_iter().chain(singles) {
+            timed(
+                "basic.ack",
+                RPC_TIMEOUT,
+                ch.basic_ack(tag, BasicAckOptions { multiple }),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_settled_prefix_is_acked_with_multiple_the_rest_one_by_one() {
+        let mut w = AckWindow::default();
+        for t in 1..=5 {
+            w.apply(Event::Delivered(t));
+        }
+        w.apply(Event::Settled(2));
+        w.apply(Event::Settled(4));
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: None,
+                singles: vec![2, 4]
+            }
+        );
+        w.apply(Event::Settled(1));
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: Some(1),
+                singles: vec![]
+            }
+        );
+        w.apply(Event::Settled(5));
+        w.apply(Event::Settled(3));
+        assert_eq!(
+            w.advance(),
+            Acks {
+                up_to: Some(5),
+                singles: vec![]
+            }
+        );
+        assert_eq!(w.outstanding(), 0);
+    }
+
+    proptest! {
+        /// Every ack is safe (only settled tags, none twice, a `multiple` ack
+        /// names an unacked tag) and every settled tag is acked at once.
+        #[test]
+        fn acks_are_safe_and_prompt(order in Just((1u64..=50).collect::<Vec<_>>()).prop_shuffle()) {
+            let mut w = AckWindow::default();
+            for t in 1..=50 {
+                w.apply(Event::Delivered(t));
+            }
+            let mut settled = HashSet::new();
+            let mut acked = BTreeSet::new();
+            for t in order {
+                w.apply(Event::Settled(t));
+                settled.insert(t);
+                let acks = w.advance();
+                if let Some(up_to) = acks.up_to {
+                    prop_assert!(!acked.contains(&up_to));
+                    for x in 1..=up_to {
+                        prop_assert!(settled.contains(&x));
+                        acked.insert(x);
+                    }
+                }
+                for x in acks.singles {
+                    prop_assert!(settled.contains(&x));
+                    prop_assert!(acked.insert(x), "acked twice: {}", x);
+                }
+                prop_assert_eq!(&acked, &settled.iter().copied().collect::<BTreeSet<_>>());
+            }
+            prop_assert_eq!(acked.len(), 50);
+        }
+    }
+}

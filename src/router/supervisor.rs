@@ -1,0 +1,75 @@
+//! The supervisor: keeps a broker session alive. A session that ends with a
+//! fault is followed by another after a capped, jittered exponential backoff;
+//! a topology conflict stops the router, since retrying cannot help.
+
+use super::session;
+use super::{RouterError, SessionError, Shared};
+use crate::broker::BrokerError;
+use crate::config::Config;
+use crate::core::decision::Rules;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// First and longest wait between reconnect attempts.
+pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// A session that lived this long resets the reconnect backoff.
+pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// Runs sessions until `stop`, or until the topology conflicts.
+pub async fn supervise(
+    config: Config,
+    rules: Arc<Rules>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) -> Result<(), RouterError> {
+    let mut backoff = RECONNECT_MIN;
+    // Routers with the same list of nodes spread over them; after a fault a
+    // session starts with the next node.
+    let mut node = rand::random::<u64>() as usize % config.urls.len();
+    loop {
+        let started = Instant::now();
+        let session = session::run(&config, &rules, &shared, &stop, &mut node);
+        let fault = match session.await {
+            Ok(()) => return Ok(()),
+            Err(SessionError::Broker(e @ BrokerError::Conflict { .. })) => {
+                return Err(RouterError::Topology(e));
+            }
+            Err(fault) => fault,
+        };
+        if started.elapsed() >= HEALTHY_SESSION {
+            backoff = RECONNECT_MIN;
+        }
+        node = (node + 1) % config.urls.len();
+        let wait = jittered(backoff);
+        warn!(error = %fault, retry_in_ms = wait.as_millis() as u64, "broker session lost; reconnecting");
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(wait) => {}
+        }
+        backoff = (backoff * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// Half to full of the backoff, so many routers don't reconnect in step.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jitter_stays_within_half_to_full() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(2));
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_secs(2),
+                "{d:?}"
+            );
+        }
+    }
+}
