@@ -10,11 +10,13 @@
 //!
 //! `cargo bench --bench precision`
 //! BENCH_URL and BENCH_QUEUE_TYPE (classic, quorum) choose the broker and the
-//! queue type (strategies the configuration refuses with quorum are left out).
+//! queue type (a strategy the connected broker cannot give is left out, as the
+//! router would refuse it: `priority` with quorum before RabbitMQ 4.3).
 //! BENCH_BASELINE=/path/to/another/delay-router adds two cascade lanes run as
 //! processes, this build's binary and that one, to compare two builds.
 
 use delay_router::config::Config;
+use delay_router::core::compat::{self, Verdict};
 use delay_router::core::placement::PlacementStrategy;
 use delay_router::router;
 use delay_router::router::stats::Stats;
@@ -86,6 +88,8 @@ struct Lane {
     runner: Runner,
     sent: Arc<Mutex<HashMap<usize, (Instant, u64)>>>,
     arrived: Arc<Mutex<HashMap<usize, Instant>>>,
+    /// Consumes the destination; aborted before the queue is deleted.
+    collector: tokio::task::JoinHandle<()>,
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -130,6 +134,15 @@ fn main() {
                     continue;
                 }
             };
+            // What the broker cannot give, the router refuses: leave it out.
+            let version = delay_router::broker::server::server_info(&config.urls[0], None)
+                .await
+                .ok()
+                .and_then(|i| i.major_minor());
+            if let Verdict::Refuse(why) = compat::judge(strategy, config.queue_type, version) {
+                println!("{label}: not run ({why})");
+                continue;
+            }
             let dest = format!("{prefix}.dest");
             ch.queue_declare(dest.as_str().into(), QueueDeclareOptions::durable(), FieldTable::default()).await.unwrap();
             let runner = match &binary {
@@ -154,14 +167,14 @@ fn main() {
             let arrived = Arc::new(Mutex::new(HashMap::new()));
             let mut consumer = Consumer::open(&conn, &dest, Acks::Auto).await;
             let sink = arrived.clone();
-            tokio::spawn(async move {
+            let collector = tokio::spawn(async move {
                 while let Some(d) = consumer.next_within(Duration::from_secs(600)).await {
                     let at = Instant::now();
                     let id: usize = d.properties.message_id().as_ref().unwrap().as_str().parse().unwrap();
                     sink.lock().unwrap().insert(id, at);
                 }
             });
-            lanes.push(Lane { label, strategy, prefix, dest, runner, sent: Default::default(), arrived });
+            lanes.push(Lane { label, strategy, prefix, dest, runner, sent: Default::default(), arrived, collector });
         }
         // Let every router declare and start consuming.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -237,6 +250,7 @@ fn main() {
             }
         }
         for mut lane in lanes {
+            lane.collector.abort();
             match &mut lane.runner {
                 Runner::InProcess { task, .. } => task.await.unwrap().unwrap(),
                 Runner::Binary(child) => {

@@ -13,7 +13,9 @@
 //!   [`core::parking`] and [`core::reasons`] (parked messages and why),
 //!   [`core::retry`], [`core::identity`] (derived message ids), [`core::wire`]
 //!   (frame sizes, what the broker accepts), [`core::topology`] (names and
-//!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`].
+//!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`];
+//!   beside them [`core::compat`]: what the connected broker's version gives
+//!   a strategy and queue type.
 //!
 //! Where it is **carried out** — [`router`], the service: supervisor,
 //! session, pipelines, forwarding on the main and careful lanes, settling

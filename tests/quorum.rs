@@ -185,3 +185,60 @@ async fn listing_a_quorum_park_many_times_loses_nothing() {
     assert_eq!(h.depth(h.names.parked.as_str()).await, 1);
     h.cleanup().await;
 }
+
+/// `priority` with quorum buckets. From RabbitMQ 4.3 a quorum queue keeps a
+/// FIFO per message priority and expires at the head of each, so a short
+/// delay does not wait behind a long one in the same bucket (a classic
+/// priority queue holds it until the long one expires). Before 4.3 the
+/// router refuses to run it, naming the broker's version.
+#[tokio::test]
+async fn priority_with_quorum_buckets_expires_per_level_on_4_3_and_is_refused_before() {
+    let extra = "[topology]\nqueue_type = \"quorum\"\n[placement]\nstrategy = \"priority\"\n";
+    let mut h = Harness::new(&["1s", "5s"], extra).await;
+    let info = delay_router::broker::server::server_info(&h.config.urls[0], None)
+        .await
+        .expect("the broker's server-properties");
+    if !info.at_least(4, 3) {
+        let run = delay_router::router::run(h.config.clone(), std::future::pending());
+        let result = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the router stops at once");
+        let Err(delay_router::router::RouterError::Unsupported(why)) = result else {
+            panic!("not refused on {info}: {result:?}");
+        };
+        assert!(why.contains("needs RabbitMQ 4.3 or later"), "{why}");
+        let (major, minor) = info.major_minor().unwrap();
+        assert!(
+            why.contains(&format!("{major}.{minor}")),
+            "names the broker: {why}"
+        );
+        h.cleanup().await;
+        return;
+    }
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    // Both wait in the 5s bucket (round-up); the short one with the higher
+    // priority, behind the long one.
+    let t0 = Instant::now();
+    for (i, delay) in [(0usize, 5000i64), (1, 1500)] {
+        h.publish(
+            "k",
+            to_queue(&q, AMQPValue::LongLongInt(delay)).with_message_id(i.to_string().into()),
+            b"p",
+        )
+        .await;
+    }
+    let got = h.receive(&q, 2, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 2);
+    for (at, d) in &got {
+        let waited = at.duration_since(t0);
+        match id(d) {
+            0 => assert!(waited >= Duration::from_millis(5000), "early: {waited:?}"),
+            _ => assert!(
+                waited >= Duration::from_millis(1500) && waited < Duration::from_millis(4000),
+                "the 1.5 s message arrived after {waited:?}: it waited behind the 5 s one"
+            ),
+        }
+    }
+    h.cleanup().await;
+}

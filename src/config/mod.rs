@@ -253,16 +253,8 @@ impl Config {
         let queue_type = queue_type_raw
             .parse::<QueueType>()
             .map_err(|m| invalid("topology.queue_type", &queue_type_raw, m))?;
-        if queue_type == QueueType::Quorum && strategy == PlacementStrategy::Priority {
-            return Err(invalid(
-                "placement.strategy",
-                "priority",
-                "cannot be used with topology.queue_type = \"quorum\": quorum queues refuse \
-                 x-max-priority before RabbitMQ 4.0, and before 4.3 do not expire every priority level; \
-                 use cascade"
-                    .into(),
-            ));
-        }
+        // `priority` with quorum buckets depends on the broker's version: the
+        // router judges it once connected (core::compat).
         let rungs = raw
             .bucket
             .iter()

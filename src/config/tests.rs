@@ -54,13 +54,6 @@ fn invalid_values_name_the_key_and_the_value() {
     assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
     let e = err("[topology]\nqueue_type = \"mirrored\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.queue_type = \"mirrored\""), "{e}");
-    let e = err(
-        "[topology]\nqueue_type = \"quorum\"\n[placement]\nstrategy = \"priority\"\n[[bucket]]\nttl = \"1s\"",
-    );
-    assert!(
-        e.contains("cannot be used with topology.queue_type = \"quorum\""),
-        "{e}"
-    );
     let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.contains("stratgy"), "{e}");
 }

@@ -148,7 +148,9 @@ pub fn bucket_arguments(
             AMQPValue::LongString("reject-publish".into()),
         );
     }
-    if strategy == PlacementStrategy::Priority {
+    // Quorum queues refuse x-max-priority; from 4.3 they keep a FIFO per
+    // message priority without it (see core::compat).
+    if strategy == PlacementStrategy::Priority && queue_type == QueueType::Classic {
         args.insert(
             "x-max-priority".into(),
             AMQPValue::LongLongInt(i64::from(PRIORITY_LEVELS - 1)),
@@ -383,6 +385,11 @@ mod tests {
         assert!(
             !bucket_arguments(&names, PlacementStrategy::RoundUp, QueueType::Classic, rung)
                 .contains_key("x-max-priority")
+        );
+        assert!(
+            !bucket_arguments(&names, PlacementStrategy::Priority, QueueType::Quorum, rung)
+                .contains_key("x-max-priority"),
+            "quorum queues refuse x-max-priority"
         );
     }
 }

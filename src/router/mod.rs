@@ -31,7 +31,6 @@ pub mod supervisor;
 use crate::broker::BrokerError;
 use crate::config::Config;
 use crate::core::decision::Rules;
-use crate::core::placement::PlacementStrategy;
 use crate::core::reasons::BrokerReply;
 use destinations::Destinations;
 use stats::Stats;
@@ -39,18 +38,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 /// How long shutdown waits for in-flight publishes to be confirmed and acked.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
-
-/// Said at start when the priority strategy is configured: the router cannot
-/// read the broker's version (lapin does not expose it), so it says what each
-/// version gives.
-pub const PRIORITY_WARNING: &str = "strategy \"priority\": on RabbitMQ before 4.3 a priority queue \
-expires only at the head of its highest non-empty priority level, so a message can wait past its own \
-TTL behind longer ones of higher priority (measured on 3.10: up to the bucket's TTL); quorum queues \
-refuse x-max-priority before 4.0. Use \"cascade\" for exact delays (see README, Precision)";
 
 /// Why the router stopped for good.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +49,9 @@ pub enum RouterError {
     /// The topology conflicts with what exists: retrying cannot help.
     #[error(transparent)]
     Topology(BrokerError),
+    /// The connected broker cannot give what the configuration asks.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// What ends a session; the supervisor reconnects after it.
@@ -84,6 +78,10 @@ pub enum SessionError {
     SettlerStopped,
     #[error("a pipeline task failed: {0}")]
     Task(String),
+    /// The connected broker cannot give what the configuration asks
+    /// (core::compat): the router stops.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// What the sessions of one router process share.
@@ -109,9 +107,6 @@ pub async fn run_with_stats(
     stats: Arc<Stats>,
 ) -> Result<(), RouterError> {
     let rules = Arc::new(Rules::from_config(&config));
-    if rules.strategy == PlacementStrategy::Priority {
-        warn!("{PRIORITY_WARNING}");
-    }
     let stop = CancellationToken::new();
     let logger = tokio::spawn(stats::log_every(stats.clone(), stop.clone()));
     let shared = Arc::new(Shared {

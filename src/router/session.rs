@@ -9,6 +9,7 @@ use super::presence::{self, Announcement};
 use super::{SessionError, Shared, drift, janitor};
 use crate::broker::{self, RPC_TIMEOUT, close_connection, probe};
 use crate::config::Config;
+use crate::core::compat::{self, Verdict};
 use crate::core::decision::{Rules, Source};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -66,11 +67,20 @@ pub async fn run(
             return Err(e.into());
         }
     };
-    let server = match broker::server::server_info(&urls[used], ca).await {
-        Ok(info) => info.to_string(),
-        Err(e) => format!("unknown ({e})"),
+    let (server, version) = match broker::server::server_info(&urls[used], ca).await {
+        Ok(info) => (info.to_string(), info.major_minor()),
+        Err(e) => (format!("unknown ({e})"), None),
     };
     info!(node = %urls[used], broker = %server, prefix = %rules.names.prefix, strategy = %rules.strategy, "connected");
+    match compat::judge(rules.strategy, rules.queue_type, version) {
+        Verdict::Fine => {}
+        Verdict::Warn(w) => warn!("{w}"),
+        Verdict::Refuse(why) => {
+            close_connection(&conn, "bye").await;
+            close_connection(&publish_conn, "bye").await;
+            return Err(SessionError::Unsupported(why));
+        }
+    }
     let topology = Arc::new(rules.topology());
     let stale = match prepare(&conn, &topology).await {
         Ok(stale) => stale,

@@ -37,6 +37,7 @@ pub async fn supervise(
             Err(SessionError::Broker(e @ BrokerError::Conflict { .. })) => {
                 return Err(RouterError::Topology(e));
             }
+            Err(SessionError::Unsupported(why)) => return Err(RouterError::Unsupported(why)),
             Err(fault) => fault,
         };
         if started.elapsed() >= HEALTHY_SESSION {
