@@ -277,7 +277,7 @@ fn main() {
         let rules = delay_router::core::decision::Rules::from_config(&config);
         let mut queues: Vec<String> = rules.topology().bucket_names().iter().map(|q| q.to_string()).collect();
         queues.push(dest);
-        for suffix in ["ingress", "expired", "parked", "state"] {
+        for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
             queues.push(format!("{prefix}.{suffix}"));
         }
         for q in queues {

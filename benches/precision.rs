@@ -14,6 +14,15 @@
 //! router would refuse it: `priority` with quorum before RabbitMQ 4.3).
 //! BENCH_BASELINE=/path/to/another/delay-router adds two cascade lanes run as
 //! processes, this build's binary and that one, to compare two builds.
+//!
+//! Plots (benches/plot): per lane the lateness CDF with p50, p90 and p99
+//! marked, `docs/precision/lateness-<strategy>.png`, and all lanes in
+//! `lateness-all.png`; BENCH_PLOT_DIR writes them elsewhere, BENCH_PLOT_FONT
+//! names the .ttf for their text (default: DejaVu or Liberation Sans from
+//! /usr/share/fonts; none: plots without text). A plot that cannot be
+//! written is reported and the bench goes on.
+
+mod plot;
 
 use delay_router::config::Config;
 use delay_router::core::compat::{self, Verdict};
@@ -83,6 +92,8 @@ impl Drop for Runner {
 struct Lane {
     label: String,
     strategy: PlacementStrategy,
+    /// Sends `x-deliver-at` (publish time + delay) instead of the delay.
+    deliver_at: bool,
     prefix: String,
     dest: String,
     runner: Runner,
@@ -106,22 +117,23 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async move {
+    let measured = rt.block_on(async move {
         let url = url();
         // BENCH_QUEUE_TYPE=quorum: every router queue a quorum queue.
         let queue_type = std::env::var("BENCH_QUEUE_TYPE").unwrap_or_else(|_| "classic".into());
         let conn = Connection::connect(&url, ConnectionProperties::default()).await.expect("broker");
         let ch = conn.create_channel().await.unwrap();
         let mut lanes = Vec::new();
-        // (label, strategy, binary to run; None: in this process)
-        let mut setups: Vec<(String, PlacementStrategy, Option<std::path::PathBuf>)> =
-            STRATEGIES.iter().map(|s| (s.to_string(), *s, None)).collect();
+        // (label, strategy, binary to run (None: in this process), x-deliver-at)
+        let mut setups: Vec<(String, PlacementStrategy, Option<std::path::PathBuf>, bool)> =
+            STRATEGIES.iter().map(|s| (s.to_string(), *s, None, false)).collect();
+        setups.push(("cascade, x-deliver-at".into(), PlacementStrategy::Cascade, None, true));
         if let Some(baseline) = std::env::var_os("BENCH_BASELINE") {
             let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
-            setups.push(("cascade, this binary".into(), PlacementStrategy::Cascade, Some(this)));
-            setups.push(("cascade, baseline binary".into(), PlacementStrategy::Cascade, Some(baseline.into())));
+            setups.push(("cascade, this binary".into(), PlacementStrategy::Cascade, Some(this), false));
+            setups.push(("cascade, baseline binary".into(), PlacementStrategy::Cascade, Some(baseline.into()), false));
         }
-        for (label, strategy, binary) in setups {
+        for (label, strategy, binary, deliver_at) in setups {
             let prefix = format!("prec-{strategy}-{:06x}", rand::random::<u32>() & 0xff_ffff);
             let mut text = format!("[amqp]\nurl = \"{url}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n[placement]\nstrategy = \"{strategy}\"\n");
             for r in LADDER {
@@ -174,7 +186,7 @@ fn main() {
                     sink.lock().unwrap().insert(id, at);
                 }
             });
-            lanes.push(Lane { label, strategy, prefix, dest, runner, sent: Default::default(), arrived, collector });
+            lanes.push(Lane { label, strategy, deliver_at, prefix, dest, runner, sent: Default::default(), arrived, collector });
         }
         // Let every router declare and start consuming.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -190,12 +202,21 @@ fn main() {
             tokio::time::sleep_until(due.into()).await;
             for lane in &lanes {
                 let mut h = FieldTable::default();
-                h.insert("x-requested-delay".into(), AMQPValue::LongLongInt(delay as i64));
+                let t0 = Instant::now();
+                if lane.deliver_at {
+                    // The time now, rounded up to the millisecond: the
+                    // header's time is then at or after t0 + delay.
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+                    let now_ms = now.as_nanos().div_ceil(1_000_000) as i64;
+                    h.insert("x-deliver-at".into(), AMQPValue::LongLongInt(now_ms + delay as i64));
+                } else {
+                    h.insert("x-requested-delay".into(), AMQPValue::LongLongInt(delay as i64));
+                }
                 h.insert("x-original-exchange".into(), AMQPValue::LongString(LongString::from("")));
                 h.insert("x-original-routing-key".into(), AMQPValue::LongString(LongString::from(lane.dest.as_str())));
                 let props = BasicProperties::default().with_delivery_mode(2).with_message_id(i.to_string().into()).with_headers(h);
                 let exchange = format!("{}.router", lane.prefix);
-                lane.sent.lock().unwrap().insert(i, (Instant::now(), delay));
+                lane.sent.lock().unwrap().insert(i, (t0, delay));
                 confirms.push(pub_ch.basic_publish(exchange.as_str().into(), "".into(), BasicPublishOptions::default(), b"precision", props).await.unwrap());
             }
         }
@@ -213,6 +234,7 @@ fn main() {
         println!();
         println!("| strategy | lateness p50 | p90 | p99 | max | early | hops/msg | router publishes/msg | held by router |");
         println!("|---|---|---|---|---|---|---|---|---|");
+        let mut measured = Vec::new();
         for lane in &mut lanes {
             let sent = lane.sent.lock().unwrap();
             let arrived = lane.arrived.lock().unwrap();
@@ -225,13 +247,13 @@ fn main() {
                 .collect();
             late.sort();
             let early = late.iter().filter(|l| **l < 0).count();
-            let counters = match &lane.runner {
+            let (hops, counters) = match &lane.runner {
                 Runner::InProcess { stats, .. } => {
                     let s = stats.snapshot();
                     let hops = s.placed as f64 / s.delivered.max(1) as f64;
-                    format!("{hops:.2} | {:.2} | {}", hops + 1.0, s.held)
+                    (Some(hops), format!("{hops:.2} | {:.2} | {}", hops + 1.0, s.held))
                 }
-                Runner::Binary(_) => "- | - | -".to_owned(),
+                Runner::Binary(_) => (None, "- | - | -".to_owned()),
             };
             println!(
                 "| {} | {} ms | {} ms | {} ms | {} ms | {early} | {counters} |",
@@ -241,6 +263,7 @@ fn main() {
                 percentile(&late, 0.99),
                 late[late.len() - 1],
             );
+            measured.push(plot::Lateness { label: lane.label.clone(), sorted_ms: late, hops });
         }
         for lane in &mut lanes {
             if let Runner::InProcess { stop, .. } = &mut lane.runner
@@ -259,7 +282,7 @@ fn main() {
                 }
             }
             let mut queues = vec![lane.dest.clone()];
-            for suffix in ["ingress", "expired", "parked", "state"] {
+            for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
                 queues.push(format!("{}.{suffix}", lane.prefix));
             }
             let rules = delay_router::core::decision::Rules::new(
@@ -276,5 +299,22 @@ fn main() {
                 let _ = ch.exchange_delete(format!("{}.{e}", lane.prefix).as_str().into(), ExchangeDeleteOptions::default()).await;
             }
         }
+        measured
     });
+
+    let dir = match std::env::var_os("BENCH_PLOT_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/precision"),
+    };
+    let report = plot::write_all(&dir, &measured);
+    println!();
+    if let Some(why) = report.no_text {
+        println!("plots drawn without text: {why}");
+    }
+    for file in report.files {
+        match file {
+            Ok(path) => println!("plot: {}", path.display()),
+            Err(e) => println!("plot not written: {e}"),
+        }
+    }
 }

@@ -13,6 +13,8 @@
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
 //! round (same broker, same run), to compare two builds of the router.
 
+mod procfs;
+
 use delay_router::broker;
 use delay_router::config::Config;
 use delay_router::core::decision::{Action, Rules};
@@ -94,24 +96,37 @@ async fn wait_depth(conn: &Connection, queue: &str, n: u32) {
     }
 }
 
-/// Polls `dst` until it holds `n`; returns messages/s from the first moved to the last.
-async fn drain_rate(conn: &Connection, dst: &str, n: u32) -> f64 {
+/// A drain measured: messages/s from the first moved to the last and, for
+/// a process of ours, its CPU per message over the same span and peak RSS.
+struct Drain {
+    rate: f64,
+    cpu_us_per_msg: f64,
+    rss_kib: u64,
+}
+
+/// Polls `dst` until it holds `n`.
+async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>) -> Drain {
     let start = Instant::now();
-    let mut first: Option<(Instant, u32)> = None;
+    let mut first: Option<(Instant, u32, u64)> = None;
     loop {
         let d = depth(conn, dst).await;
         let now = Instant::now();
         if first.is_none() && d > 0 {
-            first = Some((now, d));
+            first = Some((now, d, pid.map_or(0, |p| procfs::cpu_and_rss(p).0)));
         }
         if d >= n {
-            let (t, base) = first.unwrap();
+            let (t, base, cpu_before) = first.unwrap();
+            let (cpu_after, rss_kib) = pid.map_or((0, 0), procfs::cpu_and_rss);
             let moved = f64::from(n - base);
             let secs = (now - t).as_secs_f64();
-            return if secs > 0.0 {
-                moved / secs
-            } else {
-                f64::INFINITY
+            return Drain {
+                rate: if secs > 0.0 {
+                    moved / secs
+                } else {
+                    f64::INFINITY
+                },
+                cpu_us_per_msg: (cpu_after - cpu_before) as f64 / moved.max(1.0),
+                rss_kib,
             };
         }
         assert!(
@@ -134,7 +149,7 @@ async fn delete_queues(ch: &Channel, queues: &[String]) {
     }
 }
 
-async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> f64 {
+async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> Drain {
     let prefix = prefix();
     let prefetch = std::env::var("BENCH_PREFETCH")
         .map(|p| format!("prefetch = \"{p}\"\n"))
@@ -170,7 +185,8 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
         .expect("router binary");
     // Killed if the measurement panics, so no router outlives the bench.
     let mut guard = KillOnDrop(Some(child));
-    let rate = drain_rate(conn, &bucket, n as u32).await;
+    let pid = guard.0.as_ref().map(std::process::Child::id);
+    let drain = drain_rate(conn, &bucket, n as u32, pid).await;
     let mut child = guard.0.take().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -187,9 +203,7 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
         .into_iter()
         .map(|q| q.to_string())
         .collect();
-    queues.extend(
-        [&names.ingress, &names.expired, &names.parked, &names.state].map(|q| q.to_string()),
-    );
+    queues.extend(names.own_queues().map(|q| q.to_string()));
     delete_queues(&ch, &queues).await;
     for e in [
         &names.router_exchange,
@@ -200,7 +214,7 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
             .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
             .await;
     }
-    rate
+    drain
 }
 
 struct KillOnDrop(Option<std::process::Child>);
@@ -254,7 +268,7 @@ async fn shovel_round(conn: &Connection, n: usize) -> f64 {
             rabbitmqctl(&["set_parameter", "-q", "shovel", &name, &definition])
         })
     };
-    let rate = drain_rate(conn, &dst, n as u32).await;
+    let rate = drain_rate(conn, &dst, n as u32, None).await.rate;
     setter.await.unwrap();
     rabbitmqctl(&["clear_parameter", "-q", "shovel", &name]);
     delete_queues(&ch, &[src, dst]).await;
@@ -287,6 +301,7 @@ fn main() {
         let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
         let baseline = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cpus, mut rss) = (Vec::new(), Vec::new());
         let (mut baselines, mut vs_baseline) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             // Rotate who goes first so nobody always runs on a warmer broker.
@@ -300,8 +315,18 @@ fn main() {
             for c in contenders {
                 match c {
                     None => s = shovel_round(&conn, n).await,
-                    Some(bin) if bin == this => r = router_round(&conn, n, &bin).await,
-                    Some(bin) => b = Some(router_round(&conn, n, &bin).await),
+                    Some(bin) if bin == this => {
+                        let d = router_round(&conn, n, &bin).await;
+                        println!("round {round}: router CPU {:.1} µs/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.rss_kib);
+                        cpus.push(d.cpu_us_per_msg);
+                        rss.push(d.rss_kib as f64 / 1024.0);
+                        r = d.rate;
+                    }
+                    Some(bin) => {
+                        let d = router_round(&conn, n, &bin).await;
+                        println!("round {round}: baseline CPU {:.1} µs/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.rss_kib);
+                        b = Some(d.rate);
+                    }
                 }
             }
             match b {
@@ -316,14 +341,20 @@ fn main() {
             shovels.push(s);
             ratios.push(r / s);
         }
-        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline] {
+        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
         println!();
         println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue");
         println!("| | min | median | max |");
         println!("|---|---|---|---|");
-        let mut rows = vec![("router msg/s", &routers, 0), ("shovel msg/s", &shovels, 0), ("ratio router/shovel", &ratios, 2)];
+        let mut rows = vec![
+            ("router msg/s", &routers, 0),
+            ("shovel msg/s", &shovels, 0),
+            ("ratio router/shovel", &ratios, 2),
+            ("router CPU µs/msg", &cpus, 1),
+            ("router peak RSS MiB", &rss, 1),
+        ];
         if baseline.is_some() {
             rows.push(("baseline msg/s", &baselines, 0));
             rows.push(("ratio router/baseline", &vs_baseline, 2));

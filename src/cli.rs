@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use delay_router::commands::{declare, parked, permissions, status};
-use delay_router::config::Config;
+use delay_router::commands::{cancel, declare, parked, permissions, status};
+use delay_router::config::{Config, LogFormat};
 use delay_router::core::decision::Rules;
 use delay_router::router::clock;
 use delay_router::{broker, router, shutdown};
@@ -30,6 +30,15 @@ pub enum Command {
     /// Look at, replay or purge the parked messages.
     #[command(subcommand)]
     Parked(ParkedCommand),
+    /// Cancel waiting messages by message-id: each is parked (reason
+    /// cancelled) at its next bucket expiry instead of being delivered.
+    Cancel {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The message-ids to cancel.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Print the rabbitmqctl commands that give the router's user and the
     /// publishers the least privileges they need.
     Permissions {
@@ -83,6 +92,23 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
+impl Cli {
+    /// The log format of the command's configuration (text when it has none,
+    /// or it cannot be read: loading it again reports that).
+    pub fn log_format(&self) -> LogFormat {
+        let arg = match &self.command {
+            Command::Run(arg) | Command::Declare(arg) | Command::Status(arg) => arg,
+            Command::Cancel { config, .. } | Command::Permissions { config, .. } => config,
+            Command::Parked(
+                ParkedCommand::List { config, .. }
+                | ParkedCommand::Replay { config, .. }
+                | ParkedCommand::Purge { config, .. },
+            ) => config,
+        };
+        Config::load(&arg.config).map_or(LogFormat::Text, |c| c.log_format)
+    }
+}
+
 fn load(arg: &ConfigArg) -> anyhow::Result<Config> {
     Config::load(&arg.config)
         .with_context(|| format!("invalid configuration {}", arg.config.display()))
@@ -99,6 +125,18 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
             print!("{}", status::render(&config, &report));
         }
         Command::Parked(cmd) => parked_command(cmd).await?,
+        Command::Cancel { config, ids } => {
+            let config = load(&config)?;
+            let until = cancel::cancel(&config, &ids).await?;
+            let until = humantime::format_rfc3339_millis(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_millis(u64::try_from(until).unwrap_or(0)),
+            );
+            println!(
+                "cancelled {} message-id(s); each is removed at its next bucket expiry (tombstones kept until {until})",
+                ids.len()
+            );
+        }
         Command::Permissions { config, publisher } => {
             print!("{}", permissions::report(&load(&config)?, &publisher));
         }

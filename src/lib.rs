@@ -19,13 +19,14 @@
 //!
 //! Where it is **carried out** — [`router`], the service: supervisor,
 //! session, pipelines, forwarding on the main and careful lanes, settling
-//! acks, the janitor and the drift watch.
+//! acks, the janitor and the drift watch; its metrics and probes (`stats`,
+//! `health`, `endpoint`) and the tombstones of cancelled messages.
 //!
 //! How it **talks to RabbitMQ** — [`broker`]: connect and close, declare,
 //! probe, publish with confirms. Every await has a timeout.
 //!
 //! What the **command line** does — [`commands`] (`declare`, `status`,
-//! `parked`, `permissions`; `run` is [`router::run`]). The binary itself
+//! `parked`, `permissions`, `cancel`; `run` is [`router::run`]). The binary itself
 //! (`src/main.rs`, `src/cli.rs`) only parses arguments and prints; it needs
 //! the `cli` feature (default), which brings clap and anyhow.
 //!

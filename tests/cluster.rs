@@ -706,7 +706,9 @@ async fn a_cluster_survives_node_and_router_faults_losing_nothing() {
     let ch = conn.create_channel().await.unwrap();
     let mut queues = vec![dest];
     queues.extend(buckets);
-    queues.extend(["ingress", "expired", "parked", "state"].map(|q| format!("{prefix}.{q}")));
+    queues.extend(
+        ["ingress", "expired", "parked", "state", "cancels"].map(|q| format!("{prefix}.{q}")),
+    );
     for q in queues {
         let _ = ch
             .queue_delete(q.as_str().into(), QueueDeleteOptions::default())

@@ -57,9 +57,10 @@ proptest! {
         unit in 0.0f64..1.0,
         later in 0i64..100_000_000,
         frame_max in prop::sample::select(vec![4_096u32, 131_072]),
+        cancelled in any::<bool>(),
     ) {
         let rk = ShortString::try_new(rk).unwrap_or_else(|_| "k".into());
-        let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max };
+        let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max, cancelled };
         for rules in rules() {
             let delivery = |source, properties: &BasicProperties| {
                 let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties, body: &body };
@@ -87,6 +88,7 @@ proptest! {
                     }
                 }
                 Action::Park { .. } => {}
+                Action::Cancel { message_id, .. } => prop_assert!(!message_id.as_str().is_empty()),
             }
         }
     }

@@ -213,10 +213,13 @@ impl<'a> Checker<'a> {
             Action::Park { reason, properties } => {
                 self.parked(&reason, &properties, sender, now, "ingress");
             }
+            // Cancel requests are read by Rules::decide, before on_ingress.
+            Action::Cancel { .. } => panic!("[{name}] on_ingress wrote a tombstone"),
             Action::Deliver {
                 destination,
                 properties,
                 after,
+                ..
             } => {
                 // Due now: the sender's message as admitted, unchanged.
                 self.assert_restored(sender, &properties, "delivered from ingress");
@@ -327,6 +330,7 @@ impl<'a> Checker<'a> {
                 "[{name}] still placed after the deadline"
             );
             match self.rules.on_expired(&expired, t) {
+                Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
                 Action::Wait {
                     queue: q,
                     ttl: next_ttl,
@@ -340,6 +344,7 @@ impl<'a> Checker<'a> {
                     destination,
                     properties,
                     after,
+                    ..
                 } => {
                     assert_eq!(
                         destination, first.destination,
@@ -414,6 +419,7 @@ impl<'a> Checker<'a> {
             .rules
             .on_ingress(&destination.routing_key, &rejected, now, unit)
         {
+            Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
             Action::Park { reason, properties } => match (&reason, policy) {
                 (ParkReason::RetriesExhausted { attempts, .. }, Some(pol)) => {
                     assert_eq!(*attempts, failures, "[{name}] exhausted count");
@@ -463,6 +469,7 @@ impl<'a> Checker<'a> {
     fn expired_raw(&self, p: &BasicProperties, now: i64) {
         let name = self.name;
         match self.rules.on_expired(p, now) {
+            Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
             Action::Park { reason, properties } => {
                 // Anything may be written into a bucket by hand: transit
                 // headers missing, or naming the router's own queues, or

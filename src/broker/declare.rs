@@ -45,6 +45,8 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
                 other => other?,
             }
         }
+        let (cancels, args) = &t.cancels;
+        queue(&ch, cancels, args.clone()).await?;
         bind(&ch, &names.ingress, &names.router_exchange).await?;
         bind(&ch, &names.expired, &names.expired_exchange).await?;
         for (q, args) in &t.buckets {

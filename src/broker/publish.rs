@@ -204,12 +204,17 @@ impl Generation {
     }
 }
 
+/// A publish sent (or not) and who awaits its answer.
 type Sent = (
-    Request,
+    oneshot::Sender<Answer>,
     Arc<Returns>,
     lapin::Result<lapin::PublisherConfirm>,
 );
-type Confirmed = (Request, Arc<Returns>, lapin::Result<Confirmation>);
+type Confirmed = (
+    oneshot::Sender<Answer>,
+    Arc<Returns>,
+    lapin::Result<Confirmation>,
+);
 type Pending<T> = FuturesUnordered<Pin<Box<dyn Future<Output = T> + Send>>>;
 
 /// The publisher's actor: sends each publish (in order, so every publish is known
@@ -238,7 +243,7 @@ async fn actor(
                         ));
                     }
                 }
-                for (request, returns, result) in batch {
+                for (answer_to, returns, result) in batch {
                     let answer = match result {
                         Ok(Confirmation::Ack(_)) => Answer::Ack(returns),
                         Ok(Confirmation::Nack(_)) => Answer::Nack(returns),
@@ -248,7 +253,7 @@ async fn actor(
                         )),
                         Err(e) => failed(&conn, e),
                     };
-                    let _ = request.answer.send(answer);
+                    let _ = answer_to.send(answer);
                 }
             }
             command = commands.recv(), if !stopping && closing.is_none() => match command {
@@ -287,16 +292,17 @@ fn send(generation: &Generation, request: Request) -> Pin<Box<dyn Future<Output 
             mandatory: true,
             ..Default::default()
         };
+        let Request {
+            exchange,
+            routing_key,
+            properties,
+            data,
+            answer,
+        } = request;
         let sent = ch
-            .basic_publish(
-                request.exchange.clone(),
-                request.routing_key.clone(),
-                opts,
-                &request.data,
-                request.properties.clone(),
-            )
+            .basic_publish(exchange, routing_key, opts, &data, properties)
             .await;
-        (request, returns, sent)
+        (answer, returns, sent)
     })
 }
 
@@ -311,13 +317,13 @@ async fn next_batch(
 ) -> Vec<Confirmed> {
     std::future::poll_fn(|cx| {
         let mut batch = Vec::new();
-        while let Poll::Ready(Some((request, returns, sent))) = sends.poll_next_unpin(cx) {
+        while let Poll::Ready(Some((answer, returns, sent))) = sends.poll_next_unpin(cx) {
             match sent {
                 Ok(confirm) => confirms.push(Box::pin(async move {
                     let result = confirm.await;
-                    (request, returns, result)
+                    (answer, returns, result)
                 })),
-                Err(e) => batch.push((request, returns, Err(e))),
+                Err(e) => batch.push((answer, returns, Err(e))),
             }
         }
         while let Poll::Ready(Some(confirmed)) = confirms.poll_next_unpin(cx) {

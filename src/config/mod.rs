@@ -36,6 +36,40 @@ struct RawSettings {
     policy: Vec<RawPolicy>,
     #[serde(default)]
     security: RawSecurity,
+    #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
+    log: RawLog,
+    #[serde(default)]
+    cancel: RawCancel,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    format: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCancel {
+    keep: Option<String>,
+}
+
+/// How the binary writes its log lines to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (colour only when stderr is a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -127,6 +161,13 @@ pub struct Config {
     /// `[security] allow_destinations`: `None` allows every exchange the
     /// router's user may write.
     pub allow_destinations: Option<AllowList>,
+    /// `[metrics] listen`: where `/metrics`, `/healthz` and `/readyz` are
+    /// served; `None` (absent or `""`) serves nothing.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `[log] format`.
+    pub log_format: LogFormat,
+    /// `[cancel] keep`: how long a tombstone lives.
+    pub cancel_keep: std::time::Duration,
 }
 
 impl Config {
@@ -288,7 +329,44 @@ impl Config {
                 Some(list)
             }
         };
+        let metrics_listen = match raw.metrics.listen.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(v) => Some(v.parse::<std::net::SocketAddr>().map_err(|_| {
+                invalid(
+                    "metrics.listen",
+                    v,
+                    "expected an address and port such as \"127.0.0.1:9464\", or \"\" to serve no metrics".into(),
+                )
+            })?),
+        };
+        let log_format = match raw.log.format.as_deref().map(str::trim) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(invalid(
+                    "log.format",
+                    other,
+                    "expected \"text\" or \"json\"".into(),
+                ));
+            }
+        };
+        let cancel_keep = match raw.cancel.keep {
+            None => crate::core::topology::DEFAULT_CANCEL_KEEP,
+            Some(v) => humantime::parse_duration(v.trim())
+                .ok()
+                .filter(|d| *d >= std::time::Duration::from_secs(1))
+                .ok_or_else(|| {
+                    invalid(
+                        "cancel.keep",
+                        &v,
+                        "expected a duration of at least 1s, such as \"7d\"".into(),
+                    )
+                })?,
+        };
         Ok(Self {
+            metrics_listen,
+            log_format,
+            cancel_keep,
             url,
             urls,
             ca_file,

@@ -9,6 +9,17 @@ use std::time::Duration;
 
 /// In: how long to wait, integer milliseconds or a humantime string.
 pub const REQUESTED_DELAY: &str = "x-requested-delay";
+/// In: when to deliver, instead of a delay: milliseconds since the Unix
+/// epoch (integer or digit string) or an RFC 3339 time. Wins over
+/// `x-requested-delay` when both are present.
+pub const DELIVER_AT: &str = "x-deliver-at";
+/// In, on a message published to the router exchange: cancel the waiting
+/// message with this message-id (the message itself is not delayed).
+pub const CANCEL_MESSAGE_ID: &str = "x-cancel-message-id";
+/// In the cancels stream: the tombstone's end, ms since the Unix epoch.
+pub const TOMBSTONE_UNTIL: &str = "x-delay-router-cancel-until";
+/// In the cancels stream: a router's catch-up marker, not a tombstone.
+pub const TOMBSTONE_MARKER: &str = "x-delay-router-marker";
 /// In: destination exchange (`""` is the default exchange).
 pub const ORIGINAL_EXCHANGE: &str = "x-original-exchange";
 /// In, optional: destination routing key; defaults to the routing key the
@@ -110,6 +121,100 @@ fn bounded(d: Duration, shown: impl FnOnce() -> String) -> Result<Duration, Dela
     } else {
         Ok(d)
     }
+}
+
+/// Why an `x-deliver-at` value is not a time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliverAtError {
+    #[error("x-deliver-at is negative ({0})")]
+    Negative(i64),
+    #[error("x-deliver-at is empty")]
+    Empty,
+    #[error(
+        "x-deliver-at \"{0}\" is neither milliseconds since the Unix epoch nor an RFC 3339 time such as \"2026-11-22T10:00:00.250Z\""
+    )]
+    Unparsable(String),
+    #[error("x-deliver-at is not valid UTF-8")]
+    NotUtf8,
+    #[error(
+        "x-deliver-at has type {0}; expected an integer (ms since the Unix epoch) or an RFC 3339 string"
+    )]
+    WrongType(&'static str),
+    #[error("x-deliver-at {0} is more than 10 years ahead")]
+    TooFar(String),
+}
+
+/// Parses an `x-deliver-at` header value into ms since the Unix epoch
+/// (a sub-millisecond fraction rounds up: never early).
+pub fn parse_deliver_at(value: &AMQPValue) -> Result<i64, DeliverAtError> {
+    let ms = match value {
+        AMQPValue::LongString(s) => {
+            let s = std::str::from_utf8(s.as_bytes()).map_err(|_| DeliverAtError::NotUtf8)?;
+            return parse_deliver_at_str(s);
+        }
+        AMQPValue::ShortString(s) => return parse_deliver_at_str(s.as_str()),
+        AMQPValue::Timestamp(v) => {
+            // AMQP timestamps are seconds.
+            let secs = i64::try_from(*v).map_err(|_| DeliverAtError::TooFar(v.to_string()))?;
+            secs.saturating_mul(1000)
+        }
+        v => match integer_value(v) {
+            Some(ms) => ms,
+            None => return Err(DeliverAtError::WrongType(type_name(v))),
+        },
+    };
+    if ms < 0 {
+        return Err(DeliverAtError::Negative(ms));
+    }
+    Ok(ms)
+}
+
+/// The string form: digits (ms since the epoch) or RFC 3339.
+pub fn parse_deliver_at_str(s: &str) -> Result<i64, DeliverAtError> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(DeliverAtError::Empty);
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse::<i64>()
+            .map_err(|_| DeliverAtError::TooFar(format!("\"{}\"", shorten(t))));
+    }
+    if let Some(rest) = t.strip_prefix('-')
+        && !rest.is_empty()
+        && rest.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(DeliverAtError::Negative(t.parse().unwrap_or(i64::MIN)));
+    }
+    let at = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| DeliverAtError::Unparsable(shorten(t)))?;
+    let nanos = at.unix_timestamp_nanos();
+    if nanos < 0 {
+        return Err(DeliverAtError::Negative(
+            i64::try_from(nanos / 1_000_000).unwrap_or(i64::MIN),
+        ));
+    }
+    i64::try_from((nanos + 999_999) / 1_000_000)
+        .map_err(|_| DeliverAtError::TooFar(format!("\"{}\"", shorten(t))))
+}
+
+fn integer_value(v: &AMQPValue) -> Option<i64> {
+    match v {
+        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+/// Reads `x-cancel-message-id`: the message-id to cancel, when present.
+pub fn cancel_request(headers: &FieldTable) -> Option<Result<ShortString, DestinationError>> {
+    headers.inner().get(CANCEL_MESSAGE_ID)?;
+    Some(short_string(headers, CANCEL_MESSAGE_ID).map(|id| id.unwrap_or_default()))
 }
 
 /// Parses the string form: a run of ASCII digits (milliseconds) or a humantime duration.
@@ -243,21 +348,48 @@ pub fn requested_destination(
 /// Reads an integer header of any AMQP integer type as `i64`.
 pub fn integer(headers: &FieldTable, header: &str) -> Option<i64> {
     match headers.inner().get(header)? {
-        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
         AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
-        _ => None,
+        v => integer_value(v),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deliver_at_reads_epoch_milliseconds_and_rfc3339() {
+        let ms = 1_795_341_600_250; // 2026-11-22T10:00:00.250Z
+        assert_eq!(parse_deliver_at(&AMQPValue::LongLongInt(ms)), Ok(ms));
+        assert_eq!(
+            parse_deliver_at(&AMQPValue::LongString(ms.to_string().into())),
+            Ok(ms)
+        );
+        let s = |t: &str| parse_deliver_at(&AMQPValue::LongString(t.into()));
+        assert_eq!(s("2026-11-22T10:00:00.250Z"), Ok(ms));
+        assert_eq!(s("2026-11-22T11:00:00.250+01:00"), Ok(ms));
+        // A sub-millisecond fraction rounds up: never early.
+        assert_eq!(s("2026-11-22T10:00:00.2500001Z"), Ok(ms + 1));
+        assert!(matches!(s("tomorrow"), Err(DeliverAtError::Unparsable(_))));
+        assert!(matches!(s(" "), Err(DeliverAtError::Empty)));
+        assert!(matches!(s("-5"), Err(DeliverAtError::Negative(-5))));
+        assert!(matches!(
+            s("1969-12-31T23:59:59Z"),
+            Err(DeliverAtError::Negative(_))
+        ));
+        assert!(matches!(
+            s("99999999999999999999999"),
+            Err(DeliverAtError::TooFar(_))
+        ));
+        assert!(matches!(
+            parse_deliver_at(&AMQPValue::Boolean(true)),
+            Err(DeliverAtError::WrongType("boolean"))
+        ));
+        assert!(matches!(
+            parse_deliver_at(&AMQPValue::LongInt(-1)),
+            Err(DeliverAtError::Negative(-1))
+        ));
+    }
     use lapin::types::LongString;
 
     fn s(v: &str) -> AMQPValue {

@@ -17,6 +17,8 @@ mod plan;
 
 pub use plan::{Action, Plan};
 
+use crate::core::cancel;
+use crate::core::contract;
 use crate::core::envelope::{self, Overrides, Transit};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
@@ -25,7 +27,7 @@ use crate::core::placement::{self, Placement, PlacementStrategy};
 use crate::core::reasons::ParkReason;
 use crate::core::retry::Policy;
 use crate::core::security::AllowList;
-use crate::core::topology::{Names, QueueType, Topology};
+use crate::core::topology::{self, Names, QueueType, Topology};
 use lapin::BasicProperties;
 use lapin::types::ShortString;
 use std::time::Duration;
@@ -72,6 +74,8 @@ pub struct Context {
     pub unit: f64,
     /// The publishing connection's negotiated frame size.
     pub frame_max: u32,
+    /// The delivery's message-id has a live tombstone (expired only).
+    pub cancelled: bool,
 }
 
 /// Everything a decision depends on from the configuration.
@@ -89,6 +93,8 @@ pub struct Rules {
     pub queue_type: QueueType,
     /// `[security] allow_destinations`; `None` allows every exchange.
     pub allow: Option<AllowList>,
+    /// How long a tombstone lives (`[cancel] keep`).
+    pub cancel_keep: Duration,
 }
 
 impl Rules {
@@ -107,7 +113,14 @@ impl Rules {
             policies: Vec::new(),
             queue_type: QueueType::Classic,
             allow: None,
+            cancel_keep: topology::DEFAULT_CANCEL_KEEP,
         }
+    }
+
+    /// The same rules keeping tombstones for `keep`.
+    pub fn with_cancel_keep(mut self, keep: Duration) -> Self {
+        self.cancel_keep = keep;
+        self
     }
 
     /// The same rules delivering only to exchanges `allow` lets through.
@@ -139,11 +152,13 @@ impl Rules {
         .with_policies(config.policies.clone())
         .with_queue_type(config.queue_type)
         .with_allow_list(config.allow_destinations.clone())
+        .with_cancel_keep(config.cancel_keep)
     }
 
     /// What these rules declare.
     pub fn topology(&self) -> Topology {
         Topology::new(&self.names, self.strategy, self.queue_type, &self.ladder)
+            .with_cancel_keep(self.cancel_keep)
     }
 
     /// The whole plan for one delivery (see the module documentation).
@@ -156,15 +171,29 @@ impl Rules {
             QueueType::Classic => None,
         };
         let props = received.as_ref().unwrap_or(d.properties);
+        let mut retry_policy = None;
         let action = match d.source {
-            Source::Ingress => {
-                let sender =
-                    identity::ensure_message_id(props, d.exchange, d.routing_key.as_str(), d.body);
-                let action = self.on_ingress(d.routing_key, &sender, cx.stamp_ms, cx.unit);
-                self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
-            }
+            Source::Ingress => match self.cancel_request(props, cx.stamp_ms) {
+                Some(action) => action,
+                None => {
+                    let sender = identity::ensure_message_id(
+                        props,
+                        d.exchange,
+                        d.routing_key.as_str(),
+                        d.body,
+                    );
+                    let (action, policy) =
+                        self.admit_and_schedule(d.routing_key, &sender, cx.stamp_ms, cx.unit);
+                    retry_policy = policy;
+                    self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
+                }
+            },
             Source::Expired => {
-                let action = self.on_expired(props, cx.now_ms);
+                let action = if cx.cancelled {
+                    cancelled(props, cx.now_ms)
+                } else {
+                    self.on_expired(props, cx.now_ms)
+                };
                 let sender = || envelope::sender_properties(props);
                 self.within_frame(action, sender, cx.now_ms, cx.frame_max)
             }
@@ -173,7 +202,39 @@ impl Rules {
             action,
             decided_ms: cx.now_ms,
             frame_max: cx.frame_max,
+            retry_policy,
         }
+    }
+
+    /// A message published with `x-cancel-message-id`: a tombstone for the
+    /// stream, or parked when the id is unreadable. `None` for other messages.
+    /// A message a work queue rejected (it has `x-death`) is never one: it
+    /// goes on as a retry whatever its headers say.
+    fn cancel_request(&self, p: &BasicProperties, now_ms: i64) -> Option<Action> {
+        let headers = p.headers().as_ref()?;
+        if headers.contains_key("x-death") {
+            return None;
+        }
+        let refused = |why: String| {
+            let reason = ParkReason::InvalidCancel(why);
+            Action::Park {
+                properties: parking::park(p, &reason, now_ms, None),
+                reason,
+            }
+        };
+        Some(match contract::cancel_request(headers)? {
+            Ok(id) if id.as_str().is_empty() => {
+                refused(format!("{} is empty", contract::CANCEL_MESSAGE_ID))
+            }
+            Ok(message_id) => {
+                let keep_ms = i64::try_from(self.cancel_keep.as_millis()).unwrap_or(i64::MAX);
+                Action::Cancel {
+                    properties: cancel::tombstone(&message_id, now_ms.saturating_add(keep_ms)),
+                    message_id,
+                }
+            }
+            Err(e) => refused(e.to_string()),
+        })
     }
 
     /// Places a message with `transit` in a bucket, or delivers it when due.
@@ -195,6 +256,8 @@ impl Rules {
             },
             destination: transit.destination.clone(),
             after,
+            due_ms: transit.deadline_ms,
+            hops: u32::try_from(transit.hops).unwrap_or(0),
         };
         match placement::place(self.strategy, &self.ladder, remaining) {
             None => deliver(Duration::ZERO),
@@ -239,6 +302,23 @@ impl Rules {
                 }
             }
         }
+    }
+}
+
+/// A message whose message-id was cancelled, out of a bucket: parked with
+/// the reason, its destination kept (`parked replay` can still send it).
+fn cancelled(p: &BasicProperties, now_ms: i64) -> Action {
+    let id = p.message_id().as_ref().map_or("", |id| id.as_str());
+    let reason = ParkReason::Cancelled(id.to_owned());
+    let destination = envelope::read_transit(p).ok().map(|t| t.destination);
+    Action::Park {
+        properties: parking::park(
+            &envelope::sender_properties(p),
+            &reason,
+            now_ms,
+            destination.as_ref(),
+        ),
+        reason,
     }
 }
 

@@ -4,6 +4,7 @@
 //! A delivery's fate is decided once, by [`decision::Rules::decide`]; the
 //! other modules are its parts.
 
+pub mod cancel;
 pub mod compat;
 pub mod contract;
 pub mod decision;

@@ -1,7 +1,7 @@
 //! Why a message is parked: a typed reason, rendered to words once for
 //! `x-park-reason`. Pure.
 
-use crate::core::contract::{DelayError, Destination, DestinationError};
+use crate::core::contract::{DelayError, DeliverAtError, Destination, DestinationError};
 use crate::core::retry::DeathError;
 use crate::core::wire::Unacceptable;
 use std::fmt;
@@ -38,10 +38,20 @@ fn remembered(ms: &Option<u64>) -> String {
 /// Why the router parked a message instead of delaying or delivering it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParkReason {
-    #[error("missing x-requested-delay header: the router cannot tell how long to wait")]
+    #[error(
+        "missing x-requested-delay header (or x-deliver-at): the router cannot tell how long to wait"
+    )]
     MissingDelay,
     #[error("invalid delay: {0}")]
     InvalidDelay(DelayError),
+    #[error("invalid delivery time: {0}")]
+    InvalidDeliverAt(DeliverAtError),
+    /// Its message-id was cancelled (`delay-router cancel`, or a message
+    /// with `x-cancel-message-id`); removed at a bucket expiry.
+    #[error("invalid cancel request: {0}")]
+    InvalidCancel(String),
+    #[error("cancelled: message-id '{0}' was cancelled before it was due")]
+    Cancelled(String),
     #[error("invalid destination: {0}")]
     InvalidDestination(DestinationError),
     #[error(
@@ -124,7 +134,58 @@ pub enum ParkReason {
     },
 }
 
+/// The reason class of cancelled messages.
+pub const CANCELLED: &str = "cancelled";
+
+/// Every reason class ([`ParkReason::class`]), the `reason` label of
+/// `delay_router_messages_parked_total`.
+pub const CLASSES: [&str; 17] = [
+    "missing_delay",
+    "invalid_delay",
+    "invalid_deliver_at",
+    CANCELLED,
+    "invalid_cancel",
+    "no_destination",
+    "not_allowed",
+    "unacceptable",
+    "exchange_not_found",
+    "refused",
+    "unroutable",
+    "nacked",
+    "not_in_transit",
+    "no_policy",
+    "max_attempts",
+    "invalid_death",
+    "too_large",
+];
+
 impl ParkReason {
+    /// A short stable class of this reason, for metrics: one of [`CLASSES`].
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::MissingDelay => "missing_delay",
+            Self::InvalidDelay(_) => "invalid_delay",
+            Self::InvalidDeliverAt(_) => "invalid_deliver_at",
+            Self::Cancelled(_) => CANCELLED,
+            Self::InvalidCancel(_) => "invalid_cancel",
+            Self::InvalidDestination(_)
+            | Self::DestinationIsRouter(_)
+            | Self::OwnDestination { .. } => "no_destination",
+            Self::NotAllowed { .. } => "not_allowed",
+            Self::Unacceptable(_) => "unacceptable",
+            Self::ExchangeNotFound { .. } => "exchange_not_found",
+            Self::PublishRefused { .. } => "refused",
+            Self::NoRoute { .. } => "unroutable",
+            Self::Nacked(_) => "nacked",
+            Self::NotInTransit(_) => "not_in_transit",
+            Self::NoPolicy(_) => "no_policy",
+            Self::RetriesExhausted { .. } => "max_attempts",
+            Self::InvalidDeath(_) => "invalid_death",
+            Self::HeadersTooLarge { .. } => "too_large",
+            Self::HeadersRemoved { reason, .. } => reason.class(),
+        }
+    }
+
     /// The broker closed the channel over a publish to `destination`:
     /// 404 says the exchange does not exist, anything else is a refusal in
     /// the broker's words. `remembered_ms`: learned from an earlier message.
@@ -171,6 +232,27 @@ pub fn exchange_label(name: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_class_is_listed() {
+        let reasons = [
+            ParkReason::MissingDelay,
+            ParkReason::Cancelled("x".into()),
+            ParkReason::NoPolicy("q".into()),
+            ParkReason::HeadersRemoved {
+                reason: Box::new(ParkReason::Nacked("e".into())),
+                frame_max: 4096,
+                removed: vec![],
+            },
+        ];
+        for r in reasons {
+            assert!(CLASSES.contains(&r.class()), "{}", r.class());
+        }
+        let mut unique = CLASSES.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), CLASSES.len());
+    }
 
     #[test]
     fn reasons_read_as_plain_words() {

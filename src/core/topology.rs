@@ -4,6 +4,7 @@
 use crate::core::ladder::{Ladder, Rung};
 use crate::core::placement::{PRIORITY_LEVELS, PlacementStrategy};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use std::time::Duration;
 
 /// Names derived from the configured prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,9 @@ pub struct Names {
     /// `<prefix>.presence`: the fanout exchange routers announce themselves on;
     /// each listens on an exclusive queue `<prefix>.presence.<instance>`.
     pub presence: ShortString,
+    /// `<prefix>.cancels`: a stream of tombstones (cancelled message-ids)
+    /// every router of the prefix reads at start and follows.
+    pub cancels: ShortString,
 }
 
 /// Longest prefix accepted, leaving room for `.bucket.<label>` within AMQP's 255 bytes.
@@ -43,15 +47,26 @@ impl Names {
             parked: n("parked"),
             state: n("state"),
             presence: n("presence"),
+            cancels: n("cancels"),
         }
+    }
+
+    /// The router's own queues: ingress, expired, parked, state and the
+    /// cancels stream.
+    pub fn own_queues(&self) -> [&ShortString; 5] {
+        [
+            &self.ingress,
+            &self.expired,
+            &self.parked,
+            &self.state,
+            &self.cancels,
+        ]
     }
 
     /// Whether `queue` is one of the router's own queues (ingress, expired,
     /// parked, state, or a bucket of any strategy, retired ones included).
     pub fn owns_queue(&self, queue: &str) -> bool {
-        [&self.ingress, &self.expired, &self.parked, &self.state]
-            .iter()
-            .any(|q| q.as_str() == queue)
+        self.own_queues().iter().any(|q| q.as_str() == queue)
             || queue
                 .strip_prefix(self.prefix.as_str())
                 .is_some_and(|rest| {
@@ -97,6 +112,8 @@ pub struct Topology {
     /// Ingress, expired, parked and state.
     pub own: Vec<(ShortString, FieldTable)>,
     pub buckets: Vec<(ShortString, FieldTable)>,
+    /// The cancels stream and its arguments.
+    pub cancels: (ShortString, FieldTable),
 }
 
 impl Topology {
@@ -120,7 +137,17 @@ impl Topology {
             queue_type,
             own,
             buckets,
+            cancels: (
+                names.cancels.clone(),
+                cancels_arguments(DEFAULT_CANCEL_KEEP),
+            ),
         }
+    }
+
+    /// The same topology keeping tombstones for `keep`.
+    pub fn with_cancel_keep(mut self, keep: Duration) -> Self {
+        self.cancels.1 = cancels_arguments(keep);
+        self
     }
 
     /// The bucket queue names.
@@ -198,6 +225,31 @@ impl std::fmt::Display for QueueType {
             Self::Quorum => "quorum",
         })
     }
+}
+
+/// How long tombstones live by default: a cancel protects a message due
+/// within this time after it (`[cancel] keep`).
+pub const DEFAULT_CANCEL_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Arguments of the cancels stream: a stream (replicated in a cluster, read
+/// by every router without consuming it away), whose segments older than
+/// `keep` the broker removes. Small segments, so retention removes old
+/// tombstones in small steps.
+pub fn cancels_arguments(keep: Duration) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("stream".into()),
+    );
+    args.insert(
+        "x-max-age".into(),
+        AMQPValue::LongString(format!("{}s", keep.as_secs().max(1)).into()),
+    );
+    args.insert(
+        "x-stream-max-segment-size-bytes".into(),
+        AMQPValue::LongLongInt(4 * 1024 * 1024),
+    );
+    args
 }
 
 /// Arguments every router queue of this type carries.

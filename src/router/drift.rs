@@ -8,16 +8,27 @@
 //! Bindings cannot be checked passively; they are re-asserted at every check
 //! (binding is idempotent).
 
+use super::stats::Stats;
 use crate::broker::probe::Prober;
 use crate::broker::{BrokerError, declare};
-use crate::core::topology::Topology;
+use crate::core::topology::{Names, Topology};
 use lapin::Connection;
+use lapin::types::ShortString;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 /// What is missing, as "exchange NAME" / "queue NAME", by passive declares.
 pub async fn missing(conn: &Connection, t: &Topology) -> Result<Vec<String>, BrokerError> {
+    survey(conn, t, None).await
+}
+
+/// As [`missing`], recording each queue's depth in `stats` when given.
+pub async fn survey(
+    conn: &Connection,
+    t: &Topology,
+    stats: Option<&Stats>,
+) -> Result<Vec<String>, BrokerError> {
     let names = &t.names;
     let mut prober = Prober::new(conn);
     let mut gone = Vec::new();
@@ -31,12 +42,18 @@ pub async fn missing(conn: &Connection, t: &Topology) -> Result<Vec<String>, Bro
                 gone.push(format!("exchange {exchange}"));
             }
         }
-        let queues = [&names.ingress, &names.expired, &names.parked, &names.state]
+        let queues = names
+            .own_queues()
             .into_iter()
             .chain(t.buckets.iter().map(|(q, _)| q));
         for queue in queues {
-            if prober.queue(queue).await?.is_none() {
-                gone.push(format!("queue {queue}"));
+            match prober.queue(queue).await? {
+                None => gone.push(format!("queue {queue}")),
+                Some(info) => {
+                    if let Some(stats) = stats {
+                        record_depth(stats, names, queue, info.messages);
+                    }
+                }
             }
         }
         Ok(())
@@ -46,10 +63,32 @@ pub async fn missing(conn: &Connection, t: &Topology) -> Result<Vec<String>, Bro
     found.map(|()| gone)
 }
 
+/// A polled depth, as a bucket gauge or one of the router's own queues'.
+fn record_depth(stats: &Stats, names: &Names, queue: &ShortString, messages: u32) {
+    let role = if queue == &names.ingress {
+        "ingress"
+    } else if queue == &names.expired {
+        "expired"
+    } else if queue == &names.parked {
+        "parked"
+    } else if queue == &names.state || queue == &names.cancels {
+        // The state queue holds one record; a stream's count is its length.
+        return;
+    } else {
+        stats.set_bucket_depth(queue.as_str(), messages);
+        return;
+    };
+    stats.set_queue_depth(queue.as_str(), role, messages);
+}
+
 /// One check: repairs what is missing (and re-asserts the bindings); returns
 /// what was missing.
-pub async fn check(conn: &Connection, t: &Topology) -> Result<Vec<String>, BrokerError> {
-    let gone = missing(conn, t).await?;
+pub async fn check(
+    conn: &Connection,
+    t: &Topology,
+    stats: Option<&Stats>,
+) -> Result<Vec<String>, BrokerError> {
+    let gone = survey(conn, t, stats).await?;
     if !gone.is_empty() {
         error!(
             missing = %gone.join(", "),
@@ -64,14 +103,25 @@ pub async fn check(conn: &Connection, t: &Topology) -> Result<Vec<String>, Broke
     Ok(gone)
 }
 
-/// Checks every `every` until `halt`.
-pub async fn watch(conn: &Connection, t: &Topology, every: Duration, halt: CancellationToken) {
+/// Checks every `every` until `halt`, recording the depths in `stats`
+/// (the first right away).
+pub async fn watch(
+    conn: &Connection,
+    t: &Topology,
+    every: Duration,
+    stats: &Stats,
+    halt: CancellationToken,
+) {
+    let mut first = true;
     loop {
-        tokio::select! {
-            () = halt.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+        if !first {
+            tokio::select! {
+                () = halt.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
         }
-        if let Err(e) = check(conn, t).await {
+        first = false;
+        if let Err(e) = check(conn, t, Some(stats)).await {
             warn!(error = %e, "topology check failed; trying again at the next check");
         }
     }

@@ -78,6 +78,13 @@ impl Forwarder {
             .map_err(|_| SessionError::SettlerStopped)
     }
 
+    /// Tells the settler a delivery's replacement is confirmed: ack it.
+    pub fn settled(&self, tag: u64) -> Result<(), SessionError> {
+        self.settler
+            .send(settle::Event::Settled(tag))
+            .map_err(|_| SessionError::SettlerStopped)
+    }
+
     /// Publishes the plan's message until the broker has it, then settles
     /// the source delivery.
     pub async fn forward(&self, mut pending: Pending) -> Result<(), SessionError> {
@@ -85,7 +92,9 @@ impl Forwarder {
             && !after.is_zero()
         {
             // Cascade's last fraction: timed here while the delivery stays unacked.
+            self.stats.holding(1);
             tokio::time::sleep(*after).await;
+            self.stats.holding(-1);
         }
         // In flight on a main channel the broker closed: it may be the cause.
         let mut suspect = false;
@@ -120,7 +129,9 @@ impl Forwarder {
                 properties: pending.plan.action.properties(),
                 data: &pending.data,
             };
+            let sent = std::time::Instant::now();
             let outcome = lane.publish(message).await?;
+            self.stats.record_confirm(sent.elapsed());
             drop(turn);
             let action = &pending.plan.action;
             let own = || routing_key.to_string();
@@ -129,11 +140,11 @@ impl Forwarder {
                     if let Action::Deliver { destination, .. } = action {
                         self.destinations.verify(&destination.exchange);
                     }
-                    self.stats.record(action);
-                    return self
-                        .settler
-                        .send(settle::Event::Settled(pending.tag))
-                        .map_err(|_| SessionError::SettlerStopped);
+                    self.stats.record(action, super::clock::now_ms());
+                    if let Some(policy) = &pending.plan.retry_policy {
+                        self.stats.record_retry(policy);
+                    }
+                    return self.settled(pending.tag);
                 }
                 (Outcome::Returned, Action::Deliver { .. }) => {
                     self.fail(&mut pending.plan, Failure::Returned)

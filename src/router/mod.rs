@@ -13,12 +13,16 @@
 //!   each other.
 //! - [`settle`]: acks source deliveries in bulk once their replacements are confirmed.
 //! - [`prefetch`]: the prefetch window, sized to a byte budget.
-//! - [`clock`], [`stats`]: the router's clock and its counters.
+//! - [`tombstones`]: cancelled message-ids, read from the cancels stream.
+//! - [`clock`], [`stats`]: the router's clock and its metrics; [`health`]:
+//!   whether it is ready; [`endpoint`]: `/metrics`, `/healthz`, `/readyz`.
 
 pub mod clock;
 pub mod destinations;
 pub mod drift;
+pub mod endpoint;
 pub mod forward;
+pub mod health;
 pub mod janitor;
 pub mod pipeline;
 pub mod prefetch;
@@ -27,6 +31,7 @@ pub mod session;
 pub mod settle;
 pub mod stats;
 pub mod supervisor;
+pub mod tombstones;
 
 use crate::broker::BrokerError;
 use crate::config::Config;
@@ -52,6 +57,9 @@ pub enum RouterError {
     /// The connected broker cannot give what the configuration asks.
     #[error("{0}")]
     Unsupported(String),
+    /// `[metrics] listen` cannot be served.
+    #[error(transparent)]
+    Endpoint(#[from] endpoint::EndpointError),
 }
 
 /// What ends a session; the supervisor reconnects after it.
@@ -78,6 +86,8 @@ pub enum SessionError {
     SettlerStopped,
     #[error("a pipeline task failed: {0}")]
     Task(String),
+    #[error("the cancels stream: {0}")]
+    Cancels(String),
     /// The connected broker cannot give what the configuration asks
     /// (core::compat): the router stops.
     #[error("{0}")]
@@ -90,6 +100,8 @@ pub struct Shared {
     pub stats: Arc<Stats>,
     pub destinations: Arc<Destinations>,
     pub peers: presence::Peers,
+    pub health: Arc<health::Health>,
+    pub tombstones: Arc<tombstones::Tombstones>,
     /// This process among the routers of its prefix.
     pub instance: String,
     pub since_ms: i64,
@@ -108,9 +120,21 @@ pub async fn run_with_stats(
 ) -> Result<(), RouterError> {
     let rules = Arc::new(Rules::from_config(&config));
     let stop = CancellationToken::new();
+    let health = Arc::new(health::Health::default());
+    stats.expect_policies(config.policies.iter().map(|p| p.queue.as_str()));
+    let server = match config.metrics_listen {
+        Some(addr) => {
+            let (_, serve) =
+                endpoint::bind(addr, stats.clone(), health.clone(), stop.clone()).await?;
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
     let logger = tokio::spawn(stats::log_every(stats.clone(), stop.clone()));
     let shared = Arc::new(Shared {
         stats,
+        health,
+        tombstones: Arc::default(),
         destinations: Arc::new(Destinations::default()),
         peers: presence::Peers::default(),
         instance: presence::new_instance(),
@@ -118,12 +142,18 @@ pub async fn run_with_stats(
     });
     let supervisor = supervisor::supervise(config, rules, shared, stop.clone());
     tokio::pin!(supervisor);
-    tokio::select! {
-        result = &mut supervisor => return result,
-        () = shutdown => info!("shutdown requested: stopping consumers, settling in-flight messages"),
-    }
+    let result = tokio::select! {
+        result = &mut supervisor => result,
+        () = shutdown => {
+            info!("shutdown requested: stopping consumers, settling in-flight messages");
+            stop.cancel();
+            supervisor.await
+        }
+    };
     stop.cancel();
-    let result = supervisor.await;
     let _ = logger.await;
+    if let Some(server) = server {
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
+    }
     result
 }

@@ -6,9 +6,11 @@
 
 use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
+use super::health::Health;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
 use super::stats::Stats;
+use super::tombstones::Tombstones;
 use super::{SHUTDOWN_GRACE, SessionError, clock, settle};
 use crate::broker::{self, RPC_TIMEOUT, close_channel, timed};
 use crate::core::decision::{Action, Context, Delivery, Rules, Source};
@@ -31,6 +33,8 @@ pub struct Pipeline {
     pub destinations: Arc<Destinations>,
     pub fault: Fault,
     pub stats: Arc<Stats>,
+    pub health: Arc<Health>,
+    pub tombstones: Arc<Tombstones>,
     pub prefetch: u16,
     pub inflight_bytes: u64,
 }
@@ -71,6 +75,7 @@ impl Pipeline {
         )
         .await?;
         info!(queue = %queue, prefetch = self.prefetch, "consuming");
+        self.health.consuming(&self.stats);
         let tracker = TaskTracker::new();
         let mut window = PrefetchWindow::new(self.prefetch, self.inflight_bytes);
         let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
@@ -116,7 +121,19 @@ impl Pipeline {
                 }
             }
         };
-        if outcome.is_ok() {
+        let why = match &outcome {
+            Ok(()) if stop.is_cancelled() => "stopping".to_owned(),
+            Ok(()) => match self.fault.describe() {
+                Some(fault) => format!("broker session lost: {fault}"),
+                None => "broker session ending".to_owned(),
+            },
+            Err(e) => format!("broker session lost: {e}"),
+        };
+        self.health.stopped(&self.stats, &why);
+        // Only a clean stop hands the consumer back: after a fault the
+        // connection is going (or gone), and closing it cancels the consumer
+        // without waiting on a broker that may not answer.
+        if outcome.is_ok() && stop.is_cancelled() {
             let _ = timed(
                 "basic.cancel",
                 RPC_TIMEOUT,
@@ -148,37 +165,59 @@ impl Pipeline {
         forwarder: &Arc<Forwarder>,
         tracker: &TaskTracker,
     ) -> Result<(), SessionError> {
+        let now_ms = clock::now_ms();
+        let cancelled = match self.source {
+            Source::Ingress => {
+                self.stats.record_received();
+                false
+            }
+            Source::Expired => {
+                !self.tombstones.is_empty()
+                    && delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .is_some_and(|id| self.tombstones.is_cancelled(id.as_str(), now_ms))
+            }
+        };
         let cx = Context {
-            now_ms: clock::now_ms(),
+            now_ms,
             stamp_ms: clock::stamp_ms(),
             unit: rand::random::<f64>(),
             frame_max: self.publish_conn.configuration().frame_max(),
+            cancelled,
         };
-        let plan = self.rules.decide(
-            &Delivery {
-                source: self.source,
-                exchange: delivery.exchange.as_str(),
-                routing_key: &delivery.routing_key,
-                properties: &delivery.properties,
-                body: &delivery.data,
-            },
-            &cx,
-        );
-        log_decision(&plan.action, delivery.redelivered);
+        let d = Delivery {
+            source: self.source,
+            exchange: delivery.exchange.as_str(),
+            routing_key: &delivery.routing_key,
+            properties: &delivery.properties,
+            body: &delivery.data,
+        };
         forwarder.delivered(delivery.delivery_tag)?;
+        let plan = self.rules.decide(&d, &cx);
+        log_decision(&plan.action, delivery.redelivered);
+        // A cancel request's tombstone carries no body.
+        let data = match plan.action {
+            Action::Cancel { .. } => Vec::new(),
+            _ => delivery.data,
+        };
         let pending = Pending {
             tag: delivery.delivery_tag,
-            data: Arc::new(delivery.data),
+            data: Arc::new(data),
             plan,
         };
         let forwarder = forwarder.clone();
         let fault = self.fault.clone();
+        let stats = self.stats.clone();
+        stats.in_flight(1);
         tracker.spawn(
             async move {
                 if let Err(e) = forwarder.forward(pending).await {
                     error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
                     fault.raise(e);
                 }
+                stats.in_flight(-1);
             }
             .in_current_span(),
         );
@@ -214,6 +253,9 @@ fn log_decision(action: &Action, redelivered: bool) {
         ),
         Action::Park { reason, .. } => {
             warn!(message_id = id, redelivered, reason = %reason, "parking message")
+        }
+        Action::Cancel { message_id, .. } => {
+            info!(message_id = %message_id, redelivered, "cancel requested: writing a tombstone")
         }
     }
 }

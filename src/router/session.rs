@@ -6,7 +6,7 @@
 
 use super::pipeline::Pipeline;
 use super::presence::{self, Announcement};
-use super::{SessionError, Shared, drift, janitor};
+use super::{SessionError, Shared, drift, janitor, tombstones};
 use crate::broker::{self, RPC_TIMEOUT, close_connection, probe};
 use crate::config::Config;
 use crate::core::compat::{self, Verdict};
@@ -35,6 +35,14 @@ impl Fault {
     /// Completes once a fault is raised.
     pub fn raised(&self) -> WaitForCancellationFuture<'_> {
         self.token.cancelled()
+    }
+
+    /// The first fault, as text, if one was raised.
+    pub fn describe(&self) -> Option<String> {
+        let first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        first
+            .as_ref()
+            .map(|e| crate::config::redact_text(&e.to_string()))
     }
 
     fn take(&self) -> Option<SessionError> {
@@ -92,6 +100,9 @@ pub async fn run(
     };
     info!(buckets = rules.ladder.rungs().len(), "topology declared");
     shared.stats.record_session();
+    shared
+        .stats
+        .set_node(Some((&urls[used].to_string(), &server)));
     let me = Announcement {
         instance: shared.instance.clone(),
         host: presence::host_name(),
@@ -135,30 +146,80 @@ pub async fn run(
     };
     let watcher = {
         let (conn, topology, halt) = (conn.clone(), topology.clone(), halt.clone());
-        let every = config.check_interval;
+        let (every, stats) = (config.check_interval, shared.stats.clone());
         tokio::spawn(
-            async move { drift::watch(&conn, &topology, every, halt).await }
+            async move { drift::watch(&conn, &topology, every, &stats, halt).await }
                 .instrument(info_span!("topology")),
         )
     };
+    // Every tombstone written so far is known before the first expiry is read.
+    let (caught_up, read_all) = tokio::sync::oneshot::channel();
+    let follower = {
+        let (conn, publish_conn) = (conn.clone(), publish_conn.clone());
+        let (names, shared, halt) = (rules.names.clone(), shared.clone(), halt.clone());
+        let fault = fault.clone();
+        tokio::spawn(
+            async move {
+                let followed = tombstones::follow(
+                    &conn,
+                    &publish_conn,
+                    &names,
+                    &shared.tombstones,
+                    &shared.stats,
+                    caught_up,
+                    halt,
+                )
+                .await;
+                if let Err(e) = followed {
+                    fault.raise(SessionError::Cancels(e.to_string()));
+                }
+            }
+            .instrument(info_span!("cancels")),
+        )
+    };
+    shared
+        .health
+        .set_reason("reading the cancels stream before consuming");
     let mut pipelines = Vec::new();
-    for source in [Source::Ingress, Source::Expired] {
-        let p = Pipeline {
-            source,
-            rules: rules.clone(),
-            conn: conn.clone(),
-            publish_conn: publish_conn.clone(),
-            destinations: shared.destinations.clone(),
-            fault: fault.clone(),
-            stats: shared.stats.clone(),
-            prefetch: config.prefetch,
-            inflight_bytes: config.inflight_bytes,
-        };
-        let stop = stop.clone();
-        pipelines.push(tokio::spawn(
-            p.run(stop)
-                .instrument(info_span!("pipeline", source = source.name())),
-        ));
+    // Ok(true): read to the end; Ok(false): the session ends anyway.
+    let read = tokio::select! {
+        read = tokio::time::timeout(tombstones::CATCH_UP_TIMEOUT, read_all) => match read {
+            Ok(Ok(())) => Ok(true),
+            // The follower stopped; it raised its fault.
+            Ok(Err(_)) => Ok(false),
+            Err(_) => Err(()),
+        },
+        () = fault.raised() => Ok(false),
+        () = stop.cancelled() => Ok(false),
+    };
+    match read {
+        Ok(true) => {
+            for source in [Source::Ingress, Source::Expired] {
+                let p = Pipeline {
+                    source,
+                    rules: rules.clone(),
+                    conn: conn.clone(),
+                    publish_conn: publish_conn.clone(),
+                    destinations: shared.destinations.clone(),
+                    fault: fault.clone(),
+                    stats: shared.stats.clone(),
+                    health: shared.health.clone(),
+                    tombstones: shared.tombstones.clone(),
+                    prefetch: config.prefetch,
+                    inflight_bytes: config.inflight_bytes,
+                };
+                let stop = stop.clone();
+                pipelines.push(tokio::spawn(
+                    p.run(stop)
+                        .instrument(info_span!("pipeline", source = source.name())),
+                ));
+            }
+        }
+        Ok(false) => {}
+        Err(()) => fault.raise(SessionError::Cancels(format!(
+            "not read to its end within {:?}",
+            tombstones::CATCH_UP_TIMEOUT
+        ))),
     }
     for handle in pipelines {
         if let Err(join) = handle.await {
@@ -166,9 +227,11 @@ pub async fn run(
         }
     }
     halt.cancel();
+    shared.stats.set_node(None);
     let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
     let _ = tokio::time::timeout(RPC_TIMEOUT, watcher).await;
     let _ = tokio::time::timeout(RPC_TIMEOUT, announcer).await;
+    let _ = tokio::time::timeout(RPC_TIMEOUT, follower).await;
     close_connection(&conn, "delay-router stopping").await;
     close_connection(&publish_conn, "delay-router stopping").await;
     match fault.take() {

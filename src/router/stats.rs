@@ -1,9 +1,18 @@
-//! Counters of what the router has done since it started, logged once a
-//! minute and readable by embedders (the precision benchmark reads hops).
+//! What the router has done since it started: Prometheus metrics (served by
+//! [`endpoint`](super::endpoint) at `/metrics`), logged once a minute, and
+//! readable by embedders through [`Stats::snapshot`] (the precision
+//! benchmark reads hops).
+//!
+//! Every metric is named `delay_router_…`; README (Operating) lists them.
 
 use crate::core::decision::Action;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -11,29 +20,109 @@ use tracing::info;
 /// How often the counters are logged (when they changed).
 pub const LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Confirmed publishes by kind.
-#[derive(Debug, Default)]
-pub struct Stats {
-    placed: AtomicU64,
-    delivered: AtomicU64,
-    held: AtomicU64,
-    parked: AtomicU64,
-    sessions: AtomicU64,
-    suspects: AtomicU64,
-    refusals: AtomicU64,
+/// Lateness histogram bounds, seconds: 1 ms to 1 h.
+pub const LATENESS_BUCKETS: [f64; 20] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, 3600.0,
+];
+/// Publish-confirm latency bounds, seconds: 100 µs to 30 s.
+pub const CONFIRM_BUCKETS: [f64; 15] = [
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0, 30.0,
+];
+/// Hops per delivered message.
+pub const HOP_BUCKETS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0];
+
+/// Sample names of the families with labels, which a scrape shows only
+/// once they have a child (a retry of a policy, the first poll of a bucket).
+const LABELLED: [&str; 5] = [
+    "delay_router_retries_total",
+    "delay_router_bucket_messages",
+    "delay_router_queue_messages",
+    "delay_router_connected_node",
+    "delay_router_messages_parked_total",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
-/// A copy of the counters at one instant.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabel {
+    bucket: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
+    broker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+/// The router's metrics; cheap to update from any task.
+#[derive(Debug)]
+pub struct Stats {
+    registry: Registry,
+    received: Counter,
+    placed: Counter,
+    delivered: Counter,
+    held: Counter,
+    parked: Family<ReasonLabel, Counter>,
+    cancelled: Counter,
+    cancel_requests: Counter,
+    retries: Family<PolicyLabel, Counter>,
+    sessions: Counter,
+    reconnects: Counter,
+    suspects: Counter,
+    refusals: Counter,
+    lateness: Histogram,
+    hops: Histogram,
+    confirm: Histogram,
+    in_flight: Gauge,
+    holding: Gauge,
+    tombstones: Gauge,
+    ready: Gauge,
+    buckets: Family<BucketLabel, Gauge>,
+    queues: Family<QueueLabel, Gauge>,
+    node: Family<NodeLabel, Gauge>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A copy of the main counters at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Messages taken from ingress.
+    pub received: u64,
     /// Bucket placements (hops), every strategy.
     pub placed: u64,
     /// Messages delivered to their destination.
     pub delivered: u64,
     /// Of those, how many the router held for the last fraction first (cascade).
     pub held: u64,
-    /// Messages parked.
+    /// Messages parked, every reason.
     pub parked: u64,
+    /// Messages removed at a bucket expiry because they were cancelled.
+    pub cancelled: u64,
     /// Broker sessions opened: 1 while the router never had to reconnect.
     pub sessions: u64,
     /// Publishes in flight on a channel the broker closed, sent again one at a time.
@@ -42,45 +131,365 @@ pub struct Snapshot {
     pub refusals: u64,
 }
 
+fn histogram(bounds: &[f64]) -> Histogram {
+    Histogram::new(bounds.iter().copied())
+}
+
 impl Stats {
-    /// Counts one confirmed publish.
-    pub fn record(&self, action: &Action) {
-        match action {
-            Action::Wait { .. } => self.placed.fetch_add(1, Relaxed),
-            Action::Deliver { after, .. } => {
-                if !after.is_zero() {
-                    self.held.fetch_add(1, Relaxed);
-                }
-                self.delivered.fetch_add(1, Relaxed)
-            }
-            Action::Park { .. } => self.parked.fetch_add(1, Relaxed),
+    pub fn new() -> Self {
+        let s = Self {
+            registry: Registry::default(),
+            received: Counter::default(),
+            placed: Counter::default(),
+            delivered: Counter::default(),
+            held: Counter::default(),
+            parked: Family::default(),
+            cancelled: Counter::default(),
+            cancel_requests: Counter::default(),
+            retries: Family::default(),
+            sessions: Counter::default(),
+            reconnects: Counter::default(),
+            suspects: Counter::default(),
+            refusals: Counter::default(),
+            lateness: histogram(&LATENESS_BUCKETS),
+            hops: histogram(&HOP_BUCKETS),
+            confirm: histogram(&CONFIRM_BUCKETS),
+            in_flight: Gauge::default(),
+            holding: Gauge::default(),
+            tombstones: Gauge::default(),
+            ready: Gauge::default(),
+            buckets: Family::default(),
+            queues: Family::default(),
+            node: Family::default(),
         };
+        // Every reason class from zero: a rate over it exists before the first park.
+        for class in crate::core::reasons::CLASSES {
+            drop(s.parked.get_or_create(&ReasonLabel { reason: class }));
+        }
+        s.register()
+    }
+
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "delay_router_messages_received",
+            "Messages taken from ingress (published to the router exchange or rejected by a work queue)",
+            self.received.clone(),
+        );
+        r.register(
+            "delay_router_messages_placed",
+            "Bucket placements (one per hop)",
+            self.placed.clone(),
+        );
+        r.register(
+            "delay_router_messages_delivered",
+            "Messages delivered to their destination (confirmed by the broker)",
+            self.delivered.clone(),
+        );
+        r.register(
+            "delay_router_messages_held",
+            "Delivered messages the router held in memory for the last fraction of their delay",
+            self.held.clone(),
+        );
+        r.register(
+            "delay_router_messages_parked",
+            "Messages parked, by reason class",
+            self.parked.clone(),
+        );
+        r.register(
+            "delay_router_messages_cancelled",
+            "Messages removed at a bucket expiry because their message-id was cancelled (parked with reason cancelled)",
+            self.cancelled.clone(),
+        );
+        r.register(
+            "delay_router_cancel_requests",
+            "Cancel requests (x-cancel-message-id) this router took from ingress and wrote to the cancels stream",
+            self.cancel_requests.clone(),
+        );
+        r.register(
+            "delay_router_retries",
+            "Rejected messages scheduled for another attempt, by retry policy",
+            self.retries.clone(),
+        );
+        r.register(
+            "delay_router_sessions",
+            "Broker sessions opened (connected and topology declared)",
+            self.sessions.clone(),
+        );
+        r.register(
+            "delay_router_reconnects",
+            "Broker sessions lost and reconnected",
+            self.reconnects.clone(),
+        );
+        r.register(
+            "delay_router_publishes_resent",
+            "Publishes in flight on a channel the broker closed, sent again one at a time",
+            self.suspects.clone(),
+        );
+        r.register(
+            "delay_router_publishes_refused",
+            "Deliveries the broker refused by closing the channel (each parked)",
+            self.refusals.clone(),
+        );
+        r.register_with_unit(
+            "delay_router_delivery_lateness",
+            "Delivery time minus due time of delivered messages",
+            Unit::Seconds,
+            self.lateness.clone(),
+        );
+        r.register(
+            "delay_router_delivery_hops",
+            "Bucket placements per delivered message",
+            self.hops.clone(),
+        );
+        r.register_with_unit(
+            "delay_router_publish_confirm",
+            "Time from publish to broker confirm",
+            Unit::Seconds,
+            self.confirm.clone(),
+        );
+        r.register(
+            "delay_router_in_flight_messages",
+            "Source deliveries taken and not yet settled",
+            self.in_flight.clone(),
+        );
+        r.register(
+            "delay_router_holding_messages",
+            "Messages the router holds in memory now for the last fraction of their delay",
+            self.holding.clone(),
+        );
+        r.register(
+            "delay_router_tombstones",
+            "Cancelled message-ids this router knows (from the cancels stream), not yet expired",
+            self.tombstones.clone(),
+        );
+        r.register(
+            "delay_router_ready",
+            "1 while the router consumes ingress and expired, 0 otherwise",
+            self.ready.clone(),
+        );
+        r.register(
+            "delay_router_bucket_messages",
+            "Messages waiting in each bucket queue, polled every check_interval",
+            self.buckets.clone(),
+        );
+        r.register(
+            "delay_router_queue_messages",
+            "Messages in the router's ingress, expired and parked queues, polled every check_interval",
+            self.queues.clone(),
+        );
+        r.register(
+            "delay_router_connected_node",
+            "1 for the broker node the router is connected to (label node, broker version)",
+            self.node.clone(),
+        );
+        let build: Family<VersionLabel, Gauge> = Family::default();
+        build
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register("delay_router_build_info", "The router's version", build);
+        self
+    }
+
+    /// The metrics in the text exposition format (OpenMetrics).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Starts the retry counter of each policy at zero, so a rate over it
+    /// exists before the first retry.
+    pub fn expect_policies<'a>(&self, policies: impl IntoIterator<Item = &'a str>) {
+        for policy in policies {
+            drop(self.retries.get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            }));
+        }
+    }
+
+    /// Every sample name a scrape can show (a counter's `_total`, a
+    /// histogram's `_bucket`, `_sum` and `_count`), whether or not it has
+    /// a sample yet: what dashboards and alert rules may query.
+    pub fn exported_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for line in self.encode().lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let mut parts = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            match kind {
+                "counter" => names.push(format!("{name}_total")),
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.push(format!("{name}{suffix}"));
+                    }
+                }
+                _ => names.push(name.to_owned()),
+            }
+        }
+        // Label families appear once they have a child.
+        for name in LABELLED {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
+        names
+    }
+
+    /// Counts one confirmed publish; `now_ms` is when its confirm arrived.
+    pub fn record(&self, action: &Action, now_ms: i64) {
+        match action {
+            Action::Wait { .. } => {
+                self.placed.inc();
+            }
+            Action::Deliver {
+                after,
+                due_ms,
+                hops,
+                ..
+            } => {
+                if !after.is_zero() {
+                    self.held.inc();
+                }
+                self.delivered.inc();
+                let late_ms = now_ms.saturating_sub(*due_ms).max(0);
+                self.lateness.observe(late_ms as f64 / 1000.0);
+                self.hops.observe(f64::from(*hops));
+            }
+            Action::Park { reason, .. } => {
+                let class = reason.class();
+                self.parked
+                    .get_or_create(&ReasonLabel { reason: class })
+                    .inc();
+                if class == crate::core::reasons::CANCELLED {
+                    self.cancelled.inc();
+                }
+            }
+            Action::Cancel { .. } => {
+                self.cancel_requests.inc();
+            }
+        }
+    }
+
+    /// Counts a message taken from ingress.
+    pub fn record_received(&self) {
+        self.received.inc();
+    }
+
+    /// Counts a retry scheduled by `policy`.
+    pub fn record_retry(&self, policy: &str) {
+        self.retries
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a session that connected and declared its topology.
     pub fn record_session(&self) {
-        self.sessions.fetch_add(1, Relaxed);
+        self.sessions.inc();
+    }
+
+    /// Counts a lost session the supervisor reconnects after.
+    pub fn record_reconnect(&self) {
+        self.reconnects.inc();
     }
 
     /// Counts a publish caught on a channel the broker closed.
     pub fn record_suspect(&self) {
-        self.suspects.fetch_add(1, Relaxed);
+        self.suspects.inc();
     }
 
     /// Counts a publish the broker refused by closing the channel.
     pub fn record_refusal(&self) {
-        self.refusals.fetch_add(1, Relaxed);
+        self.refusals.inc();
+    }
+
+    /// Records how long the broker took to confirm a publish.
+    pub fn record_confirm(&self, took: Duration) {
+        self.confirm.observe(took.as_secs_f64());
+    }
+
+    /// A source delivery taken (+1) or settled (-1).
+    pub fn in_flight(&self, delta: i64) {
+        self.in_flight.inc_by(delta);
+    }
+
+    /// A message the router starts (+1) or stops (-1) holding in memory.
+    pub fn holding(&self, delta: i64) {
+        self.holding.inc_by(delta);
+    }
+
+    /// How many tombstones the router knows.
+    pub fn set_tombstones(&self, n: usize) {
+        self.tombstones.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Whether the router consumes ingress and expired.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// A bucket's depth, as last polled.
+    pub fn set_bucket_depth(&self, bucket: &str, messages: u32) {
+        self.buckets
+            .get_or_create(&BucketLabel {
+                bucket: bucket.to_owned(),
+            })
+            .set(i64::from(messages));
+    }
+
+    /// One of the router's own queues' depth, as last polled.
+    pub fn set_queue_depth(&self, queue: &str, role: &'static str, messages: u32) {
+        self.queues
+            .get_or_create(&QueueLabel {
+                queue: queue.to_owned(),
+                role,
+            })
+            .set(i64::from(messages));
+    }
+
+    /// The node the router is connected to now (`None`: none).
+    pub fn set_node(&self, node: Option<(&str, &str)>) {
+        self.node.clear();
+        if let Some((node, broker)) = node {
+            self.node
+                .get_or_create(&NodeLabel {
+                    node: node.to_owned(),
+                    broker: broker.to_owned(),
+                })
+                .set(1);
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {
+        let parked = {
+            // Families are read through their encoding; sum the classes.
+            let mut total = 0;
+            for class in crate::core::reasons::CLASSES {
+                if let Some(c) = self.parked.get(&ReasonLabel { reason: class }) {
+                    total += c.get();
+                }
+            }
+            total
+        };
         Snapshot {
-            placed: self.placed.load(Relaxed),
-            delivered: self.delivered.load(Relaxed),
-            held: self.held.load(Relaxed),
-            parked: self.parked.load(Relaxed),
-            sessions: self.sessions.load(Relaxed),
-            suspects: self.suspects.load(Relaxed),
-            refusals: self.refusals.load(Relaxed),
+            received: self.received.get(),
+            placed: self.placed.get(),
+            delivered: self.delivered.get(),
+            held: self.held.get(),
+            parked,
+            cancelled: self.cancelled.get(),
+            sessions: self.sessions.get(),
+            suspects: self.suspects.get(),
+            refusals: self.refusals.get(),
         }
     }
 }
@@ -96,16 +505,40 @@ pub async fn log_every(stats: Arc<Stats>, stop: CancellationToken) {
         let now = stats.snapshot();
         if now != last {
             info!(
+                received = now.received,
                 placed = now.placed,
                 delivered = now.delivered,
                 held = now.held,
                 parked = now.parked,
+                cancelled = now.cancelled,
                 refused = now.refusals,
                 resent = now.suspects,
                 sessions = now.sessions,
                 "figures since start"
             );
             last = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exported_with_its_exact_name() {
+        let names = Stats::new().exported_names();
+        for name in [
+            "delay_router_messages_received_total",
+            "delay_router_messages_delivered_total",
+            "delay_router_messages_parked_total",
+            "delay_router_delivery_lateness_seconds_bucket",
+            "delay_router_delivery_lateness_seconds_count",
+            "delay_router_bucket_messages",
+            "delay_router_ready",
+            "delay_router_build_info",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
         }
     }
 }

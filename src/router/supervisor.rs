@@ -40,6 +40,11 @@ pub async fn supervise(
             Err(SessionError::Unsupported(why)) => return Err(RouterError::Unsupported(why)),
             Err(fault) => fault,
         };
+        shared.stats.record_reconnect();
+        shared.health.set_reason(&format!(
+            "broker session lost: {}; reconnecting",
+            crate::config::redact_text(&fault.to_string())
+        ));
         if started.elapsed() >= HEALTHY_SESSION {
             backoff = RECONNECT_MIN;
         }

@@ -9,6 +9,8 @@ use proptest::prelude::*;
 pub fn key() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("x-requested-delay".to_string()),
+        Just("x-deliver-at".to_string()),
+        Just("x-cancel-message-id".to_string()),
         Just("x-original-exchange".to_string()),
         Just("x-original-routing-key".to_string()),
         Just("x-death".to_string()),

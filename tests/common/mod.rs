@@ -182,9 +182,7 @@ impl Harness {
             .await
             .unwrap();
         let mut queues = every_bucket(&config);
-        queues.extend(
-            [&names.ingress, &names.expired, &names.parked, &names.state].map(|q| q.to_string()),
-        );
+        queues.extend(names.own_queues().map(|q| q.to_string()));
         let exchanges = vec![
             names.router_exchange.to_string(),
             names.expired_exchange.to_string(),
@@ -624,4 +622,59 @@ pub fn init_logs() {
             .with_test_writer()
             .try_init();
     }
+}
+
+/// A TCP port nothing listens on now (the OS's pick, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET url` with a real HTTP client: status and body, or `None` when
+/// nothing answers.
+pub async fn http_get(url: &str) -> Option<(u16, String)> {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        let response = agent.get(&url).call().ok()?;
+        let status = response.status().as_u16();
+        let body = response.into_body().read_to_string().ok()?;
+        Some((status, body))
+    })
+    .await
+    .unwrap()
+}
+
+/// Scrapes `/metrics` on `port` and parses it with a Prometheus text parser.
+pub async fn scrape(port: u16) -> prometheus_parse::Scrape {
+    let (status, body) = http_get(&format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("the metrics endpoint answers");
+    assert_eq!(status, 200, "{body}");
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("parsable")
+}
+
+/// A sample's value: the one named `name` whose labels include `labels`.
+pub fn sample(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .and_then(|s| match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(*v),
+            _ => None,
+        })
 }

@@ -20,6 +20,7 @@ fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
         stamp_ms: NOW,
         unit: 0.0,
         frame_max: 131_072,
+        cancelled: false,
     };
     let decide = |p: &BasicProperties| {
         rules().decide(
@@ -65,6 +66,7 @@ fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
         stamp_ms: NOW,
         unit: 0.0,
         frame_max: 131_072,
+        cancelled: false,
     };
     let d = Delivery {
         source: Source::Ingress,
@@ -92,6 +94,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
         action: rules().on_ingress(&"eu".into(), &p, NOW, 0.0),
         decided_ms: NOW,
         frame_max: 131_072,
+        retry_policy: None,
     };
     let Action::Park { reason, properties } = plan.failed(Failure::Returned) else {
         panic!("a failed delivery is parked")
@@ -114,6 +117,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
         ),
         decided_ms: NOW,
         frame_max: 131_072,
+        retry_policy: None,
     };
     assert_eq!(
         placed.failed(Failure::Nacked),

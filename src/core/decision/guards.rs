@@ -53,7 +53,7 @@ impl Rules {
                 .map(ParkReason::Unacceptable)
         };
         let refusal = match &action {
-            Action::Park { .. } => None,
+            Action::Park { .. } | Action::Cancel { .. } => None,
             Action::Deliver {
                 destination,
                 properties,
@@ -79,7 +79,7 @@ impl Rules {
                     .ok()
                     .map(|t| t.destination),
             ),
-            park @ Action::Park { .. } => return park,
+            own @ (Action::Park { .. } | Action::Cancel { .. }) => return own,
         };
         Action::Park {
             properties: parking::park(&properties, &reason, now_ms, destination.as_ref()),
@@ -112,6 +112,8 @@ impl Rules {
                 reason, properties, ..
             } => (reason, parking::parked_destination(&properties)),
             Action::Deliver { destination, .. } => (too_large, Some(destination)),
+            // A tombstone's two headers always fit; the sender's message is not sent on.
+            cancel @ Action::Cancel { .. } => return cancel,
             Action::Wait { properties, .. } => (
                 too_large,
                 envelope::read_transit(&properties)

@@ -3,7 +3,9 @@
 //! destination and a deadline, or refused with a reason.
 
 use super::{Action, Rules};
-use crate::core::contract::{self, Destination, REQUESTED_DELAY};
+use crate::core::contract::{
+    self, DELIVER_AT, DeliverAtError, Destination, MAX_DELAY, REQUESTED_DELAY,
+};
 use crate::core::envelope::Transit;
 use crate::core::parking;
 use crate::core::reasons::ParkReason;
@@ -12,6 +14,9 @@ use crate::core::wire;
 use lapin::BasicProperties;
 use lapin::types::{FieldTable, ShortString};
 use std::time::Duration;
+
+/// A retry policy's delay for this attempt, and the policy's name.
+type PolicyDelay = (Duration, String);
 
 /// A message the router will not place: parked with this reason, the
 /// destination when known, and the properties to park it with.
@@ -45,15 +50,34 @@ impl Rules {
         now_ms: i64,
         unit: f64,
     ) -> Action {
+        self.admit_and_schedule(routing_key, p, now_ms, unit).0
+    }
+
+    /// As [`Rules::on_ingress`], with the retry policy that scheduled it.
+    pub(super) fn admit_and_schedule(
+        &self,
+        routing_key: &ShortString,
+        p: &BasicProperties,
+        now_ms: i64,
+        unit: f64,
+    ) -> (Action, Option<String>) {
         match self.admit(routing_key, p, now_ms, unit) {
-            Ok((transit, p)) => {
+            Ok((transit, p, policy)) => {
                 let action = self.schedule(&p, transit, now_ms, true);
-                self.publishable(action, now_ms)
+                (self.publishable(action, now_ms), policy)
             }
-            Err(r) => Action::Park {
-                properties: parking::park(&r.properties, &r.reason, now_ms, r.destination.as_ref()),
-                reason: r.reason,
-            },
+            Err(r) => {
+                let park = Action::Park {
+                    properties: parking::park(
+                        &r.properties,
+                        &r.reason,
+                        now_ms,
+                        r.destination.as_ref(),
+                    ),
+                    reason: r.reason,
+                };
+                (park, None)
+            }
         }
     }
 
@@ -63,7 +87,7 @@ impl Rules {
         p: &BasicProperties,
         now_ms: i64,
         unit: f64,
-    ) -> Result<(Transit, BasicProperties), Box<Refusal>> {
+    ) -> Result<(Transit, BasicProperties, Option<String>), Box<Refusal>> {
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
         let explicit = headers.inner().get(REQUESTED_DELAY);
@@ -73,33 +97,53 @@ impl Rules {
             Err(_) if explicit.is_some() => None,
             Err(e) => return Err(refuse(ParkReason::InvalidDeath(e), None, p)),
         };
+        // x-deliver-at counts for messages published to the router; a
+        // rejected message's time is past, its policy or delay decides.
+        let mut deliver_at = None;
         let (destination, p, policy_delay) = match rejection {
             Some(rejection) => self.retry(&rejection, headers, p, now_ms, unit)?,
             None => {
                 let destination = contract::requested_destination(headers, routing_key)
                     .map_err(|e| refuse(ParkReason::InvalidDestination(e), None, p))?;
+                deliver_at = headers.inner().get(DELIVER_AT);
                 (destination, retry::count_attempt(p, now_ms), None)
             }
         };
+        let policy = policy_delay.as_ref().map(|(_, name)| name.clone());
+        let policy_delay = policy_delay.map(|(d, _)| d);
         let park = |reason| refuse(reason, Some(destination.clone()), &p);
         self.check_destination(&destination).map_err(park)?;
         // What the broker checked on the sender's publish holds, except a
         // user-id: the router publishes as its own user.
         wire::acceptable(&p, &self.router_user).map_err(|e| park(ParkReason::Unacceptable(e)))?;
-        let delay = match (explicit, policy_delay) {
-            (Some(v), _) => {
-                contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?
+        let deadline_ms = match (deliver_at, explicit, policy_delay) {
+            (Some(v), _, _) => {
+                let at = contract::parse_deliver_at(v)
+                    .map_err(|e| park(ParkReason::InvalidDeliverAt(e)))?;
+                let max_ms = i64::try_from(MAX_DELAY.as_millis()).unwrap_or(i64::MAX);
+                if at.saturating_sub(now_ms) > max_ms {
+                    let shown = DeliverAtError::TooFar(at.to_string());
+                    return Err(park(ParkReason::InvalidDeliverAt(shown)));
+                }
+                // A time in the past is due now.
+                at.max(now_ms)
             }
-            (None, Some(d)) => d,
-            (None, None) => return Err(park(ParkReason::MissingDelay)),
+            (None, Some(v), _) => {
+                let delay =
+                    contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?;
+                now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+            }
+            (None, None, Some(d)) => {
+                now_ms.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            }
+            (None, None, None) => return Err(park(ParkReason::MissingDelay)),
         };
-        let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         let transit = Transit {
             destination,
-            deadline_ms: now_ms.saturating_add(delay_ms),
+            deadline_ms,
             hops: 0,
         };
-        Ok((transit, p))
+        Ok((transit, p, policy))
     }
 
     /// The zero-code path: a message a work queue's consumer rejected goes back
@@ -111,7 +155,7 @@ impl Rules {
         p: &BasicProperties,
         now_ms: i64,
         unit: f64,
-    ) -> Result<(Destination, BasicProperties, Option<Duration>), Box<Refusal>> {
+    ) -> Result<(Destination, BasicProperties, Option<PolicyDelay>), Box<Refusal>> {
         let queue = ShortString::try_new(rejection.queue.as_str()).map_err(|_| {
             let too_long = contract::DestinationError::TooLong {
                 header: "x-death queue",
@@ -136,7 +180,11 @@ impl Rules {
                 Some(destination),
                 &p,
             )),
-            Some(policy) => Ok((destination, p, Some(policy.delay(failures, unit)))),
+            Some(policy) => Ok((
+                destination,
+                p,
+                Some((policy.delay(failures, unit), policy.queue.clone())),
+            )),
             None if headers.contains_key(REQUESTED_DELAY) => Ok((destination, p, None)),
             None => Err(refuse(
                 ParkReason::NoPolicy(rejection.queue.clone()),

@@ -24,6 +24,16 @@ pub enum Action {
         destination: Destination,
         properties: BasicProperties,
         after: Duration,
+        /// When it was due (ms since the Unix epoch), for the lateness figure.
+        due_ms: i64,
+        /// Bucket placements it took.
+        hops: u32,
+    },
+    /// Write a tombstone for `message_id` to the cancels stream (a cancel
+    /// request taken from ingress); the request itself goes nowhere else.
+    Cancel {
+        message_id: ShortString,
+        properties: BasicProperties,
     },
     /// Publish to the parking queue.
     Park {
@@ -38,7 +48,8 @@ impl Action {
         match self {
             Self::Wait { properties, .. }
             | Self::Deliver { properties, .. }
-            | Self::Park { properties, .. } => properties,
+            | Self::Park { properties, .. }
+            | Self::Cancel { properties, .. } => properties,
         }
     }
 
@@ -51,6 +62,7 @@ impl Action {
                 destination.routing_key.clone(),
             ),
             Self::Park { .. } => ("".into(), names.parked.clone()),
+            Self::Cancel { .. } => ("".into(), names.cancels.clone()),
         }
     }
 }
@@ -64,6 +76,8 @@ pub struct Plan {
     pub decided_ms: i64,
     /// The publishing connection's frame size it was fitted to.
     pub frame_max: u32,
+    /// The retry policy that scheduled this attempt (zero-code retries).
+    pub retry_policy: Option<String>,
 }
 
 impl Plan {

@@ -76,11 +76,14 @@ fn expiry_before_the_deadline_goes_round_again_and_after_it_delivers() {
         destination,
         properties,
         after,
+        due_ms,
+        hops,
     } = rules.on_expired(&properties, NOW + 7_000)
     else {
         panic!()
     };
     assert_eq!(after, Duration::ZERO);
+    assert_eq!((due_ms, hops), (NOW + 7_000, 2));
     assert_eq!(destination.routing_key.as_str(), "jobs");
     assert_eq!(properties, p);
 }

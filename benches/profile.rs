@@ -1,0 +1,344 @@
+//! Where the router's CPU goes, in instruction counts (repeatable where time
+//! is not), and what it costs at a low steady rate.
+//!
+//! 1. **Instructions per placed message.** The release binary runs under
+//!    `valgrind --tool=callgrind` twice, draining a prefilled ingress of
+//!    BENCH_SMALL and then BENCH_LARGE persistent 512-byte messages into a
+//!    bucket; the difference of the two totals over the difference of the
+//!    counts is the cost of one message, start-up and shutdown excluded. The
+//!    functions that spend most in the large run are printed
+//!    (`callgrind_annotate`, self cost).
+//! 2. **CPU per event at 100 events/s.** The release binary (no valgrind)
+//!    places messages published at BENCH_RATE per second for BENCH_SECS
+//!    seconds into a 1 s bucket, so it both places and forwards; utime +
+//!    stime from /proc over that span, divided by the events (placements and
+//!    deliveries) — idle wake-ups included.
+//!
+//! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
+//! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files).
+
+mod procfs;
+
+use delay_router::broker;
+use delay_router::config::Config;
+use delay_router::core::decision::{Action, Rules};
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const BODY: usize = 512;
+
+fn env_or(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn props(delay: &str, routing_key: &str) -> BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert(
+        "x-requested-delay".into(),
+        AMQPValue::LongString(LongString::from(delay)),
+    );
+    h.insert(
+        "x-original-exchange".into(),
+        AMQPValue::LongString(LongString::from("")),
+    );
+    h.insert(
+        "x-original-routing-key".into(),
+        AMQPValue::LongString(LongString::from(routing_key)),
+    );
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(h)
+}
+
+async fn depth(conn: &Connection, queue: &str) -> u32 {
+    broker::probe::depth(conn, &queue.into())
+        .await
+        .expect("depth")
+        .unwrap_or(0)
+}
+
+async fn wait_depth(conn: &Connection, queue: &str, n: u32, within: Duration) {
+    let deadline = Instant::now() + within;
+    while depth(conn, queue).await < n {
+        assert!(Instant::now() < deadline, "{queue} never reached {n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A prefix of its own, its topology declared, and the config file that runs it.
+struct Setup {
+    rules: Rules,
+    config: PathBuf,
+}
+
+async fn setup(conn: &Connection, ladder: &str) -> Setup {
+    let prefix = format!("bench-profile-{:08x}", rand::random::<u32>());
+    let text = format!(
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}[log]\nformat = \"text\"\n"
+    );
+    let config = Config::from_toml(&text).unwrap();
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    broker::declare::declare(conn, &rules.topology())
+        .await
+        .unwrap();
+    let path = std::env::temp_dir().join(format!("{prefix}.toml"));
+    std::fs::write(&path, &text).unwrap();
+    Setup {
+        rules,
+        config: path,
+    }
+}
+
+async fn teardown(ch: &Channel, setup: Setup) {
+    let names = &setup.rules.names;
+    let mut queues: Vec<String> = setup
+        .rules
+        .topology()
+        .bucket_names()
+        .into_iter()
+        .map(|q| q.to_string())
+        .collect();
+    queues.extend(names.own_queues().map(|q| q.to_string()));
+    for q in queues {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for e in [
+        &names.router_exchange,
+        &names.expired_exchange,
+        &names.presence,
+    ] {
+        let _ = ch
+            .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = std::fs::remove_file(setup.config);
+}
+
+async fn publish(ch: &Channel, exchange: &str, p: &BasicProperties, n: u64) {
+    let body = vec![b'x'; BODY];
+    let mut pending = Vec::new();
+    for _ in 0..n {
+        let c = ch
+            .basic_publish(
+                exchange.into(),
+                "bench".into(),
+                BasicPublishOptions::default(),
+                &body,
+                p.clone(),
+            )
+            .await
+            .expect("publish");
+        pending.push(c);
+        if pending.len() == 2000 {
+            for c in pending.drain(..) {
+                assert!(c.await.expect("confirm").is_ack());
+            }
+        }
+    }
+    for c in pending {
+        assert!(c.await.expect("confirm").is_ack());
+    }
+}
+
+/// Stops a child with SIGINT (killed if that fails) and waits for it.
+struct Stop(Option<Child>);
+
+impl Stop {
+    async fn interrupt(mut self) {
+        let mut child = self.0.take().unwrap();
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "router exited with {status}");
+    }
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the router under callgrind until it has placed `n` prefilled
+/// messages; returns the total instructions and the profile's path.
+async fn callgrind_run(conn: &Connection, ch: &Channel, n: u64, bin: &Path) -> (u64, PathBuf) {
+    let s = setup(conn, "[[bucket]]\nttl = \"1h\"\n").await;
+    let p = props("30m", "bench.nowhere");
+    publish(ch, s.rules.names.router_exchange.as_str(), &p, n).await;
+    wait_depth(
+        conn,
+        s.rules.names.ingress.as_str(),
+        n as u32,
+        Duration::from_secs(600),
+    )
+    .await;
+    let Action::Wait { queue, .. } = s.rules.on_ingress(&"bench".into(), &p, 0, 0.0) else {
+        panic!("a 30m delay waits in a bucket")
+    };
+    let out = std::env::temp_dir().join(format!("{}.callgrind", s.rules.names.prefix));
+    let child = Command::new("valgrind")
+        .args(["--tool=callgrind", "--quiet"])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(bin)
+        .args(["run", "--config"])
+        .arg(&s.config)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("valgrind (apt-get install valgrind)");
+    let stop = Stop(Some(child));
+    wait_depth(conn, queue.as_str(), n as u32, Duration::from_secs(1800)).await;
+    stop.interrupt().await;
+    teardown(ch, s).await;
+    let annotate = Command::new("callgrind_annotate")
+        .arg(&out)
+        .output()
+        .expect("callgrind_annotate");
+    let text = String::from_utf8_lossy(&annotate.stdout);
+    let total = text
+        .lines()
+        .find(|l| l.contains("PROGRAM TOTALS"))
+        .and_then(|l| l.split_whitespace().next())
+        .map(|v| v.replace(',', ""))
+        .and_then(|v| v.parse().ok())
+        .expect("PROGRAM TOTALS in callgrind_annotate's output");
+    (total, out)
+}
+
+/// The functions with the highest self cost, as `callgrind_annotate` lists them.
+fn top_functions(profile: &Path, count: usize) -> Vec<String> {
+    let out = Command::new("callgrind_annotate")
+        .args(["--threshold=100"])
+        .arg(profile)
+        .output()
+        .expect("callgrind_annotate");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip_while(|l| !l.contains("file:function"))
+        .skip(2)
+        .take(count)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The router at `rate` messages/s for `secs` seconds through a 1 s bucket:
+/// CPU µs per event (placement or delivery).
+async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &Path) -> (f64, u64) {
+    let s = setup(conn, "[[bucket]]\nttl = \"1s\"\n").await;
+    let dest = format!("{}.dest", s.rules.names.prefix);
+    ch.queue_declare(
+        dest.as_str().into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let child = Command::new(bin)
+        .args(["run", "--config"])
+        .arg(&s.config)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("router binary");
+    let pid = child.id();
+    let stop = Stop(Some(child));
+    while depth_consumers(ch, s.rules.names.ingress.as_str()).await < 1 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let p = props("1s", &dest);
+    let exchange = s.rules.names.router_exchange.as_str().to_owned();
+    let (cpu_before, _) = procfs::cpu_and_rss(pid);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        tick.tick().await;
+        publish(ch, &exchange, &p, 1).await;
+        sent += 1;
+    }
+    wait_depth(conn, &dest, sent as u32, Duration::from_secs(60)).await;
+    let (cpu_after, rss) = procfs::cpu_and_rss(pid);
+    stop.interrupt().await;
+    let _ = ch
+        .queue_delete(dest.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    teardown(ch, s).await;
+    // Each message is two events: placed, then forwarded.
+    ((cpu_after - cpu_before) as f64 / (2 * sent) as f64, rss)
+}
+
+async fn depth_consumers(ch: &Channel, queue: &str) -> u32 {
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_or(0, |q| q.consumer_count())
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let small = env_or("BENCH_SMALL", 2000);
+    let large = env_or("BENCH_LARGE", 12_000);
+    let rate = env_or("BENCH_RATE", 100);
+    let secs = env_or("BENCH_SECS", 30);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq");
+    assert!(
+        Command::new(script)
+            .status()
+            .expect("ensure-rabbitmq")
+            .success()
+    );
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let conn = Connection::connect(URL, ConnectionProperties::default())
+            .await
+            .expect("broker");
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let (ir_small, p_small) = callgrind_run(&conn, &ch, small, &bin).await;
+        let (ir_large, p_large) = callgrind_run(&conn, &ch, large, &bin).await;
+        let per_msg = (ir_large.saturating_sub(ir_small)) as f64 / (large - small) as f64;
+        println!("instructions: {small} messages {ir_small}, {large} messages {ir_large}");
+        println!("instructions per placed message: {per_msg:.0}");
+        println!("highest self cost, {large} messages:");
+        for line in top_functions(&p_large, 30) {
+            println!("  {line}");
+        }
+        if std::env::var_os("BENCH_KEEP").is_none() {
+            let _ = std::fs::remove_file(p_small);
+            let _ = std::fs::remove_file(p_large);
+        } else {
+            println!("profiles: {} {}", p_small.display(), p_large.display());
+        }
+        let (us, rss) = low_rate(&conn, &ch, rate, secs, &bin).await;
+        println!("at {rate} messages/s for {secs} s (placed and forwarded): CPU {us:.1} µs per event, peak RSS {rss} KiB");
+    });
+}
