@@ -9,8 +9,11 @@ use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use std::time::Duration;
 
+/// Long enough to need a bucket: the router times up to 2 s itself.
+const DELAY_MS: i32 = 2_500;
+
 fn padded(q: &str, pad: usize, id: usize) -> BasicProperties {
-    let p = to_queue(q, AMQPValue::LongInt(300)).with_message_id(id.to_string().into());
+    let p = to_queue(q, AMQPValue::LongInt(DELAY_MS)).with_message_id(id.to_string().into());
     let mut h = p.headers().clone().unwrap();
     h.insert("pad".into(), s(&"p".repeat(pad)));
     p.with_headers(h)
@@ -29,7 +32,7 @@ async fn header_tables_at_the_frame_limit_are_delivered_or_parked_not_looped() {
     h.publish("k", padded(&q, largest, 1), b"full").await;
     h.publish(
         "k",
-        to_queue(&q, AMQPValue::LongInt(300)).with_message_id("2".into()),
+        to_queue(&q, AMQPValue::LongInt(DELAY_MS)).with_message_id("2".into()),
         b"plain",
     )
     .await;

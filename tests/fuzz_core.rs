@@ -58,9 +58,11 @@ proptest! {
         later in 0i64..100_000_000,
         frame_max in prop::sample::select(vec![4_096u32, 131_072]),
         cancelled in any::<bool>(),
+        hold_ms in 0u64..5_000,
     ) {
+        let hold_up_to = std::time::Duration::from_millis(hold_ms);
         let rk = ShortString::try_new(rk).unwrap_or_else(|_| "k".into());
-        let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max, cancelled };
+        let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max, cancelled, hold_up_to };
         for rules in rules() {
             let delivery = |source, properties: &BasicProperties| {
                 let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties, body: &body };

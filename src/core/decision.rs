@@ -76,6 +76,10 @@ pub struct Context {
     pub frame_max: u32,
     /// The delivery's message-id has a live tombstone (expired only).
     pub cancelled: bool,
+    /// Under cascade the router times what is left below this itself:
+    /// [`placement::HOLD_WITH_ROOM`] while it holds few deliveries,
+    /// [`placement::HOLD_BELOW`] when it holds many.
+    pub hold_up_to: Duration,
 }
 
 /// Everything a decision depends on from the configuration.
@@ -182,8 +186,13 @@ impl Rules {
                         d.routing_key.as_str(),
                         d.body,
                     );
-                    let (action, policy) =
-                        self.admit_and_schedule(d.routing_key, &sender, cx.stamp_ms, cx.unit);
+                    let (action, policy) = self.admit_and_schedule(
+                        d.routing_key,
+                        &sender,
+                        cx.stamp_ms,
+                        cx.unit,
+                        cx.hold_up_to,
+                    );
                     retry_policy = policy;
                     self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
                 }
@@ -192,7 +201,7 @@ impl Rules {
                 let action = if cx.cancelled {
                     cancelled(props, cx.now_ms)
                 } else {
-                    self.on_expired(props, cx.now_ms)
+                    self.expired_holding(props, cx.now_ms, cx.hold_up_to)
                 };
                 let sender = || envelope::sender_properties(props);
                 self.within_frame(action, sender, cx.now_ms, cx.frame_max)
@@ -244,6 +253,7 @@ impl Rules {
         mut transit: Transit,
         now_ms: i64,
         entering: bool,
+        hold_up_to: Duration,
     ) -> Action {
         let remaining = Duration::from_millis(
             u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
@@ -259,7 +269,7 @@ impl Rules {
             due_ms: transit.deadline_ms,
             hops: u32::try_from(transit.hops).unwrap_or(0),
         };
-        match placement::place(self.strategy, &self.ladder, remaining) {
+        match placement::place_or_hold(self.strategy, &self.ladder, remaining, hold_up_to) {
             None => deliver(Duration::ZERO),
             Some(Placement::Hold(after)) => deliver(after),
             Some(Placement::Bucket {
@@ -289,9 +299,14 @@ impl Rules {
 
     /// A message a bucket dead-lettered into the router's expired queue.
     pub fn on_expired(&self, p: &BasicProperties, now_ms: i64) -> Action {
+        self.expired_holding(p, now_ms, placement::HOLD_BELOW)
+    }
+
+    /// [`Rules::on_expired`], timing what is left below `hold_up_to` itself.
+    fn expired_holding(&self, p: &BasicProperties, now_ms: i64, hold_up_to: Duration) -> Action {
         match envelope::read_transit(p) {
             Ok(transit) => {
-                let action = self.schedule(p, transit, now_ms, false);
+                let action = self.schedule(p, transit, now_ms, false, hold_up_to);
                 self.publishable(action, now_ms)
             }
             Err(e) => {

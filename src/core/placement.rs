@@ -17,6 +17,11 @@ use std::{fmt, str::FromStr, time::Duration};
 
 /// Below this the cascade router times the rest itself instead of using a bucket.
 pub const HOLD_BELOW: Duration = Duration::from_millis(250);
+/// While it has room ([`Context::hold_up_to`](crate::core::decision::Context)),
+/// the cascade router times up to this much itself: the finer rungs' hops it
+/// saves (about one in three hops of a 1–60 s delay) each cost the broker a
+/// publish, a confirm, a dead-lettering, a delivery and an ack.
+pub const HOLD_WITH_ROOM: Duration = Duration::from_secs(2);
 /// Priority levels of a priority bucket (`x-max-priority`).
 pub const PRIORITY_LEVELS: u8 = 10;
 
@@ -150,6 +155,20 @@ pub fn place(
     })
 }
 
+/// [`place`], with the router timing under cascade whatever is left below
+/// `hold_up_to` itself (at least what [`place`] would hold).
+pub fn place_or_hold(
+    strategy: PlacementStrategy,
+    ladder: &Ladder,
+    remaining: Duration,
+    hold_up_to: Duration,
+) -> Option<Placement> {
+    if strategy == PlacementStrategy::Cascade && !remaining.is_zero() && remaining < hold_up_to {
+        return Some(Placement::Hold(remaining));
+    }
+    place(strategy, ladder, remaining)
+}
+
 /// Priority for a delay in `(lo, hi]`: the shorter the delay, the higher.
 pub fn priority_within(remaining: Duration, lo: Duration, hi: Duration) -> u8 {
     let span = (hi - lo).as_secs_f64();
@@ -211,6 +230,47 @@ mod tests {
         let e = effective_ladder(PlacementStrategy::Cascade, &shipped);
         assert_eq!(e.smallest().ttl, Duration::from_millis(468));
         assert_eq!(effective_ladder(PlacementStrategy::RoundUp, &l), l);
+    }
+
+    #[test]
+    fn cascade_holds_up_to_its_room_and_the_others_never_hold() {
+        let l = effective_ladder(
+            PlacementStrategy::Cascade,
+            &Ladder::from_labels(&["30s", "1m"]).unwrap(),
+        );
+        let held = |left_ms, room| {
+            place_or_hold(
+                PlacementStrategy::Cascade,
+                &l,
+                Duration::from_millis(left_ms),
+                room,
+            )
+        };
+        // Without room, the 468 ms rung: a hold only below it.
+        assert!(matches!(
+            held(1_999, HOLD_BELOW),
+            Some(Placement::Bucket { .. })
+        ));
+        assert_eq!(
+            held(400, HOLD_BELOW),
+            Some(Placement::Hold(Duration::from_millis(400)))
+        );
+        assert_eq!(
+            held(1_999, HOLD_WITH_ROOM),
+            Some(Placement::Hold(Duration::from_millis(1_999)))
+        );
+        assert!(matches!(
+            held(2_000, HOLD_WITH_ROOM),
+            Some(Placement::Bucket { .. })
+        ));
+        assert_eq!(held(0, HOLD_WITH_ROOM), None);
+        let plain = Ladder::from_labels(&["1s", "4s"]).unwrap();
+        for s in [PlacementStrategy::RoundUp, PlacementStrategy::Priority] {
+            assert!(matches!(
+                place_or_hold(s, &plain, Duration::from_millis(500), HOLD_WITH_ROOM),
+                Some(Placement::Bucket { .. })
+            ));
+        }
     }
 
     #[test]

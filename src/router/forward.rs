@@ -24,6 +24,7 @@ use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
 use lapin::Connection;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tracing::{debug, warn};
 
 /// Publishes one message may take before the session gives up on it (a
@@ -68,9 +69,26 @@ pub struct Forwarder {
     pub destinations: Arc<Destinations>,
     pub settler: Settler,
     pub stats: Arc<Stats>,
+    /// Deliveries held now (see [`Forwarder::hold`]).
+    pub holding: AtomicUsize,
 }
 
 impl Forwarder {
+    /// Deliveries this pipeline times itself now (cascade's last fraction).
+    pub fn holding(&self) -> usize {
+        self.holding.load(Ordering::Relaxed)
+    }
+
+    /// Counts a plan the router will hold before it is forwarded.
+    pub fn hold(&self, plan: &Plan) {
+        if let Action::Deliver { after, .. } = &plan.action
+            && !after.is_zero()
+        {
+            self.holding.fetch_add(1, Ordering::Relaxed);
+            self.stats.holding(1);
+        }
+    }
+
     /// Tells the settler a delivery arrived (before its replacement is published).
     pub fn delivered(&self, tag: u64) -> Result<(), SessionError> {
         self.settler
@@ -91,9 +109,10 @@ impl Forwarder {
         if let Action::Deliver { after, .. } = &pending.plan.action
             && !after.is_zero()
         {
-            // Cascade's last fraction: timed here while the delivery stays unacked.
-            self.stats.holding(1);
+            // Cascade's last fraction: timed here while the delivery stays
+            // unacked (counted by `hold`, when it was decided).
             tokio::time::sleep(*after).await;
+            self.holding.fetch_sub(1, Ordering::Relaxed);
             self.stats.holding(-1);
         }
         // In flight on a main channel the broker closed: it may be the cause.

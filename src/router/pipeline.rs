@@ -14,12 +14,14 @@ use super::tombstones::Tombstones;
 use super::{SHUTDOWN_GRACE, SessionError, clock, settle};
 use crate::broker::{self, RPC_TIMEOUT, close_channel, timed};
 use crate::core::decision::{Action, Context, Delivery, Rules, Source};
+use crate::core::placement::{HOLD_BELOW, HOLD_WITH_ROOM};
 use crate::core::reasons::exchange_label;
 use futures_util::StreamExt;
 use lapin::Connection;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info, warn};
@@ -96,6 +98,7 @@ impl Pipeline {
             destinations: self.destinations.clone(),
             settler,
             stats: self.stats.clone(),
+            holding: Default::default(),
         });
         let outcome = loop {
             tokio::select! {
@@ -109,7 +112,7 @@ impl Pipeline {
                                 break Err(e.into());
                             }
                         }
-                        if let Err(e) = self.handle(delivery, &forwarder, &tracker) {
+                        if let Err(e) = self.handle(delivery, &forwarder, &tracker, window.current()) {
                             break Err(e);
                         }
                     }
@@ -164,6 +167,7 @@ impl Pipeline {
         delivery: lapin::message::Delivery,
         forwarder: &Arc<Forwarder>,
         tracker: &TaskTracker,
+        prefetch: u16,
     ) -> Result<(), SessionError> {
         let now_ms = clock::now_ms();
         let cancelled = match self.source {
@@ -186,6 +190,7 @@ impl Pipeline {
             unit: rand::random::<f64>(),
             frame_max: self.publish_conn.configuration().frame_max(),
             cancelled,
+            hold_up_to: hold_up_to(forwarder.holding(), prefetch),
         };
         let d = Delivery {
             source: self.source,
@@ -196,6 +201,7 @@ impl Pipeline {
         };
         forwarder.delivered(delivery.delivery_tag)?;
         let plan = self.rules.decide(&d, &cx);
+        forwarder.hold(&plan);
         log_decision(&plan.action, delivery.redelivered);
         // A cancel request's tombstone carries no body.
         let data = match plan.action {
@@ -222,6 +228,18 @@ impl Pipeline {
             .in_current_span(),
         );
         Ok(())
+    }
+}
+
+/// How much of a cascade's last fraction the router times itself: up to
+/// [`HOLD_WITH_ROOM`] while it holds under a quarter of its prefetch window,
+/// so held deliveries never stall the consumer; else only what no bucket can
+/// time ([`HOLD_BELOW`]).
+fn hold_up_to(holding: usize, prefetch: u16) -> Duration {
+    if holding < usize::from(prefetch) / 4 {
+        HOLD_WITH_ROOM
+    } else {
+        HOLD_BELOW
     }
 }
 

@@ -21,6 +21,7 @@ fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
         unit: 0.0,
         frame_max: 131_072,
         cancelled: false,
+        hold_up_to: crate::core::placement::HOLD_BELOW,
     };
     let decide = |p: &BasicProperties| {
         rules().decide(
@@ -67,6 +68,7 @@ fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
         unit: 0.0,
         frame_max: 131_072,
         cancelled: false,
+        hold_up_to: crate::core::placement::HOLD_BELOW,
     };
     let d = Delivery {
         source: Source::Ingress,

@@ -8,6 +8,7 @@ use crate::core::contract::{
 };
 use crate::core::envelope::Transit;
 use crate::core::parking;
+use crate::core::placement;
 use crate::core::reasons::ParkReason;
 use crate::core::retry::{self, Rejection};
 use crate::core::wire;
@@ -50,7 +51,8 @@ impl Rules {
         now_ms: i64,
         unit: f64,
     ) -> Action {
-        self.admit_and_schedule(routing_key, p, now_ms, unit).0
+        self.admit_and_schedule(routing_key, p, now_ms, unit, placement::HOLD_BELOW)
+            .0
     }
 
     /// As [`Rules::on_ingress`], with the retry policy that scheduled it.
@@ -60,10 +62,11 @@ impl Rules {
         p: &BasicProperties,
         now_ms: i64,
         unit: f64,
+        hold_up_to: Duration,
     ) -> (Action, Option<String>) {
         match self.admit(routing_key, p, now_ms, unit) {
             Ok((transit, p, policy)) => {
-                let action = self.schedule(&p, transit, now_ms, true);
+                let action = self.schedule(&p, transit, now_ms, true, hold_up_to);
                 (self.publishable(action, now_ms), policy)
             }
             Err(r) => {

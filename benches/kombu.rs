@@ -1,0 +1,570 @@
+//! Against the broker-only design: the same delayed messages through the
+//! router (the shipped `buckets.toml`, cascade) and through kombu's native
+//! delayed delivery (Celery's implementation of the NServiceBus topology: 28
+//! levels of TTL queues and exchanges, the delay in whole seconds as binary
+//! digits in the routing key, no consumer in between), side by side on one
+//! broker, in alternating order.
+//!
+//! Per design: lateness (arrival minus publish time plus requested delay)
+//! p50/p90/p99/max and early deliveries; queue waits per message (router:
+//! its bucket placements, from its metrics; kombu: the dead-letterings
+//! RabbitMQ counted in `x-death`); and CPU per message from the first publish
+//! to the last arrival: the broker's (its beam.smp process), the router's
+//! (its process), and their sum. The broker's idle rate, measured for a few
+//! seconds before each lane, is printed with it, and the net figures
+//! subtract it. The publisher and consumer are this bench (the same code for
+//! both designs), and their CPU is in neither figure.
+//!
+//! Workload: BENCH_MESSAGES (10000) persistent messages, delays uniform in
+//! 1..60 s to the millisecond (kombu is given the delay rounded up to its
+//! whole second), published evenly over BENCH_SPREAD_SECS (20) seconds.
+//! BENCH_ROUNDS (2) rounds, each running both designs.
+//!
+//! kombu is installed from PyPI into a virtualenv (BENCH_VENV, default
+//! `target/tmp/kombu-venv`) on first use; its code is never part of this
+//! repository. `benches/kombu/driver.py` asks kombu to declare its topology
+//! and to compute the routing keys. The broker's process id comes from
+//! `BENCH_CTL eval 'os:getpid().'` (default `rabbitmqctl`), or BENCH_BROKER_PID.
+//!
+//! `cargo bench --bench kombu`
+
+mod procfs;
+
+use delay_router::config::Config;
+use delay_router::core::decision::Rules;
+use delay_router::testkit::consume::{Acks, Consumer};
+use lapin::options::*;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const KOMBU: &str = "kombu>=5.5,<6";
+const MIN_DELAY_MS: u64 = 1_000;
+const MAX_DELAY_MS: u64 = 60_000;
+const IDLE_SAMPLE: Duration = Duration::from_secs(5);
+
+fn url() -> String {
+    std::env::var("BENCH_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+fn env_or(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// xorshift64*: the same workload in every run.
+struct Rng(u64);
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The virtualenv's python, with kombu installed (from PyPI, on first use).
+fn kombu_python() -> PathBuf {
+    let venv = std::env::var_os("BENCH_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("kombu-venv"));
+    let python = venv.join("bin/python");
+    let has_kombu = |p: &Path| {
+        Command::new(p)
+            .args(["-c", "import kombu.transport.native_delayed_delivery"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if has_kombu(&python) {
+        return python;
+    }
+    if run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).is_err() {
+        // Debian splits venv out of python3.
+        println!("python3 -m venv failed: installing python3-venv with apt-get");
+        run(Command::new("apt-get").args(["install", "-y", "-q", "python3-venv"]))
+            .expect("apt-get install python3-venv");
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).expect("python3 -m venv");
+    }
+    run(Command::new(venv.join("bin/pip")).args(["install", "-q", KOMBU]))
+        .expect("pip install kombu");
+    assert!(has_kombu(&python), "kombu installed but not importable");
+    python
+}
+
+fn broker_pid() -> u32 {
+    if let Some(pid) = std::env::var("BENCH_BROKER_PID")
+        .ok()
+        .and_then(|p| p.parse().ok())
+    {
+        return pid;
+    }
+    let ctl = std::env::var("BENCH_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut parts = ctl.split_whitespace();
+    let out = run(Command::new(parts.next().unwrap())
+        .args(parts)
+        .args(["eval", "os:getpid()."]))
+    .expect("the broker's pid (set BENCH_BROKER_PID)");
+    out.trim().trim_matches('"').parse().expect("a pid")
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Design {
+    Router,
+    Kombu,
+}
+
+impl Design {
+    fn name(self) -> &'static str {
+        match self {
+            Design::Router => "router (cascade, shipped ladder)",
+            Design::Kombu => "kombu native delayed delivery",
+        }
+    }
+}
+
+/// One design's figures in one round.
+struct Measured {
+    design: Design,
+    late: Vec<i64>,
+    waits_per_msg: f64,
+    window: Duration,
+    broker_us: u64,
+    router_us: u64,
+    /// The broker's CPU while idle, µs per second.
+    idle_us_per_s: f64,
+    router_rss_kib: u64,
+}
+
+impl Measured {
+    fn per_msg(&self, us: f64) -> f64 {
+        us / self.late.len() as f64
+    }
+    fn broker_net_us(&self) -> f64 {
+        self.broker_us as f64 - self.idle_us_per_s * self.window.as_secs_f64()
+    }
+}
+
+/// Where a lane publishes each message.
+struct Target {
+    exchange: String,
+    routing_keys: Vec<String>,
+    headers: Option<(String, String)>,
+}
+
+struct Workload {
+    delays_ms: Vec<u64>,
+    spread: Duration,
+}
+
+/// Publishes the workload to `target` and collects arrivals from `queue`;
+/// returns lateness (ms, sorted), the x-death count per message and the
+/// window from first publish to last arrival.
+async fn drive(
+    conn: &Connection,
+    w: &Workload,
+    target: &Target,
+    queue: &str,
+) -> (Vec<i64>, f64, Duration) {
+    let n = w.delays_ms.len();
+    let arrived: Arc<Mutex<HashMap<usize, (Instant, i64)>>> = Arc::default();
+    let mut consumer = Consumer::open(conn, queue, Acks::Auto).await;
+    let sink = arrived.clone();
+    let collector = tokio::spawn(async move {
+        while let Some(d) = consumer.next_within(Duration::from_secs(600)).await {
+            let at = Instant::now();
+            let id: usize = d
+                .properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .as_str()
+                .parse()
+                .unwrap();
+            sink.lock()
+                .unwrap()
+                .insert(id, (at, dead_letterings(&d.properties)));
+        }
+    });
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut sent = Vec::with_capacity(n);
+    let mut confirms = Vec::with_capacity(n);
+    for (i, delay) in w.delays_ms.iter().enumerate() {
+        tokio::time::sleep_until((start + w.spread.mul_f64(i as f64 / n as f64)).into()).await;
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(i.to_string().into());
+        if let Some((exchange, key)) = &target.headers {
+            let mut h = FieldTable::default();
+            h.insert(
+                "x-requested-delay".into(),
+                AMQPValue::LongLongInt(*delay as i64),
+            );
+            h.insert(
+                "x-original-exchange".into(),
+                AMQPValue::LongString(LongString::from(exchange.as_str())),
+            );
+            h.insert(
+                "x-original-routing-key".into(),
+                AMQPValue::LongString(LongString::from(key.as_str())),
+            );
+            props = props.with_headers(h);
+        }
+        sent.push(Instant::now());
+        let key = target.routing_keys.get(i).map_or("", String::as_str);
+        confirms.push(
+            ch.basic_publish(
+                target.exchange.as_str().into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                &[0u8; 512],
+                props,
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack(), "publish refused");
+    }
+    let deadline = Instant::now() + Duration::from_secs(MAX_DELAY_MS / 1000 + 120);
+    while arrived.lock().unwrap().len() < n {
+        assert!(Instant::now() < deadline, "not every message arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    collector.abort();
+    let _ = ch.close(200, "bye".into()).await;
+    let arrived = arrived.lock().unwrap();
+    let last = arrived.values().map(|(at, _)| *at).max().unwrap();
+    let mut late: Vec<i64> = (0..n)
+        .map(|i| arrived[&i].0.duration_since(sent[i]).as_millis() as i64 - w.delays_ms[i] as i64)
+        .collect();
+    late.sort_unstable();
+    let deaths = arrived.values().map(|(_, d)| *d).sum::<i64>() as f64 / n as f64;
+    (late, deaths, last.duration_since(start))
+}
+
+/// How many times RabbitMQ dead-lettered the message (the sum of `x-death` counts).
+fn dead_letterings(p: &BasicProperties) -> i64 {
+    let Some(AMQPValue::FieldArray(deaths)) = p
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-death").cloned())
+    else {
+        return 0;
+    };
+    deaths
+        .as_slice()
+        .iter()
+        .filter_map(|d| match d {
+            AMQPValue::FieldTable(t) => match t.inner().get("count") {
+                Some(AMQPValue::LongLongInt(c)) => Some(*c),
+                Some(AMQPValue::LongInt(c)) => Some(i64::from(*c)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .sum()
+}
+
+async fn idle_rate(broker: u32) -> f64 {
+    let (before, _) = procfs::cpu_and_rss(broker);
+    let t = Instant::now();
+    tokio::time::sleep(IDLE_SAMPLE).await;
+    let (after, _) = procfs::cpu_and_rss(broker);
+    (after - before) as f64 / t.elapsed().as_secs_f64()
+}
+
+async fn kombu_lane(conn: &Connection, w: &Workload, python: &Path, broker: u32) -> Measured {
+    let url = url();
+    let prefix = format!("kombu{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let countdowns: Vec<u64> = w.delays_ms.iter().map(|d| d.div_ceil(1000)).collect();
+    let mut child = Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/benches/kombu/driver.py"
+        ))
+        .args(["declare", &url, &prefix, "classic"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("driver.py");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(serde_json::to_string(&countdowns).unwrap().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "kombu's declare failed");
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("driver.py's plan");
+    let target = Target {
+        exchange: plan["exchange"].as_str().unwrap().into(),
+        routing_keys: plan["routing_keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect(),
+        headers: None,
+    };
+    let queue = plan["queue"].as_str().unwrap().to_owned();
+    let idle = idle_rate(broker).await;
+    let (b0, _) = procfs::cpu_and_rss(broker);
+    let (late, waits, window) = drive(conn, w, &target, &queue).await;
+    let (b1, _) = procfs::cpu_and_rss(broker);
+    let _ = run(Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/benches/kombu/driver.py"
+        ))
+        .args(["delete", &url, &prefix]));
+    println!("  (kombu {})", plan["kombu"].as_str().unwrap_or("?"));
+    Measured {
+        design: Design::Kombu,
+        late,
+        waits_per_msg: waits,
+        window,
+        broker_us: b1 - b0,
+        router_us: 0,
+        idle_us_per_s: idle,
+        router_rss_kib: 0,
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16, name: &str) -> f64 {
+    let body = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32) -> Measured {
+    let url = url();
+    let prefix = format!("kbench-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml");
+    let port = free_port();
+    let dest = format!("{prefix}.dest");
+    ch.queue_declare(
+        dest.as_str().into(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+        .args(["run", "--config", shipped])
+        .env("DELAY_ROUTER__AMQP__URL", &url)
+        .env("DELAY_ROUTER__TOPOLOGY__PREFIX", &prefix)
+        .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("router binary");
+    let ready = Instant::now() + Duration::from_secs(60);
+    while ureq::get(&format!("http://127.0.0.1:{port}/readyz"))
+        .call()
+        .is_err()
+    {
+        assert!(Instant::now() < ready, "the router never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let target = Target {
+        exchange: format!("{prefix}.router"),
+        routing_keys: Vec::new(),
+        headers: Some((String::new(), dest.clone())),
+    };
+    let idle = idle_rate(broker).await;
+    let (b0, _) = procfs::cpu_and_rss(broker);
+    let (r0, _) = procfs::cpu_and_rss(child.id());
+    let (late, _, window) = drive(conn, w, &target, &dest).await;
+    let (b1, _) = procfs::cpu_and_rss(broker);
+    let (r1, rss) = procfs::cpu_and_rss(child.id());
+    let placed = scrape(port, "delay_router_messages_placed_total");
+    let delivered = scrape(port, "delay_router_messages_delivered_total");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    // Remove what the router declared.
+    let mut config = Config::from_toml(&std::fs::read_to_string(shipped).unwrap()).unwrap();
+    config.prefix = prefix.clone();
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    let mut queues = vec![dest];
+    for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
+        queues.push(format!("{prefix}.{suffix}"));
+    }
+    queues.extend(
+        rules
+            .topology()
+            .bucket_names()
+            .into_iter()
+            .map(|q| q.to_string()),
+    );
+    for q in queues {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for e in ["router", "expired", "presence"] {
+        let _ = ch
+            .exchange_delete(
+                format!("{prefix}.{e}").as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+    Measured {
+        design: Design::Router,
+        late,
+        waits_per_msg: placed / delivered.max(1.0),
+        window,
+        broker_us: b1 - b0,
+        router_us: r1 - r0,
+        idle_us_per_s: idle,
+        router_rss_kib: rss,
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let n = env_or("BENCH_MESSAGES", 10_000) as usize;
+    let rounds = env_or("BENCH_ROUNDS", 2);
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let w = Workload {
+        delays_ms: (0..n)
+            .map(|_| MIN_DELAY_MS + ((MAX_DELAY_MS - MIN_DELAY_MS) as f64 * rng.next_f64()) as u64)
+            .collect(),
+        spread: Duration::from_secs(env_or("BENCH_SPREAD_SECS", 20)),
+    };
+    let python = kombu_python();
+    let broker = broker_pid();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = rt.block_on(async {
+        let conn = Connection::connect(&url(), ConnectionProperties::default())
+            .await
+            .expect("broker");
+        let ch = conn.create_channel().await.unwrap();
+        let mut results = Vec::new();
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [Design::Kombu, Design::Router]
+            } else {
+                [Design::Router, Design::Kombu]
+            };
+            for design in order {
+                println!("round {}: {}", round + 1, design.name());
+                let m = match design {
+                    Design::Router => router_lane(&conn, &ch, &w, broker).await,
+                    Design::Kombu => kombu_lane(&conn, &w, &python, broker).await,
+                };
+                results.push((round + 1, m));
+            }
+        }
+        results
+    });
+    println!();
+    println!(
+        "{n} persistent 512-byte messages, delays uniform {MIN_DELAY_MS}..{MAX_DELAY_MS} ms, published over {:?}; broker pid {broker}",
+        w.spread
+    );
+    println!();
+    println!(
+        "| round | design | lateness p50 | p90 | p99 | max | early | queue waits/msg | broker CPU/msg | router CPU/msg | total CPU/msg | net of broker idle | broker idle | router peak RSS |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (round, m) in &results {
+        let early = m.late.iter().filter(|l| **l < 0).count();
+        let total = m.per_msg((m.broker_us + m.router_us) as f64);
+        let net = m.per_msg(m.broker_net_us() + m.router_us as f64);
+        println!(
+            "| {round} | {} | {} ms | {} ms | {} ms | {} ms | {early} | {:.2} | {:.0} µs | {} | {:.0} µs | {:.0} µs | {:.1}% of a core | {} |",
+            m.design.name(),
+            percentile(&m.late, 0.5),
+            percentile(&m.late, 0.9),
+            percentile(&m.late, 0.99),
+            m.late[m.late.len() - 1],
+            m.waits_per_msg,
+            m.per_msg(m.broker_us as f64),
+            if m.design == Design::Router {
+                format!("{:.0} µs", m.per_msg(m.router_us as f64))
+            } else {
+                "-".into()
+            },
+            total,
+            net,
+            m.idle_us_per_s / 10_000.0,
+            if m.design == Design::Router {
+                format!("{:.1} MiB", m.router_rss_kib as f64 / 1024.0)
+            } else {
+                "-".into()
+            },
+        );
+    }
+    let ratio = |f: &dyn Fn(&Measured) -> f64| {
+        let mut r: Vec<f64> = results
+            .chunks(2)
+            .map(|pair| {
+                let (a, b) = (&pair[0].1, &pair[1].1);
+                let (router, kombu) = if a.design == Design::Router {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                f(router) / f(kombu)
+            })
+            .collect();
+        r.sort_by(|a, b| a.total_cmp(b));
+        r
+    };
+    let total = ratio(&|m| m.per_msg((m.broker_us + m.router_us) as f64));
+    let net = ratio(&|m| m.per_msg(m.broker_net_us() + m.router_us as f64));
+    println!();
+    println!(
+        "router / kombu, CPU per delayed message, per round: total {total:.2?}, net of broker idle {net:.2?}"
+    );
+}
