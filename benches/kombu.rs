@@ -396,7 +396,7 @@ async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32)
         .env("DELAY_ROUTER__AMQP__URL", &url)
         .env("DELAY_ROUTER__TOPOLOGY__PREFIX", &prefix)
         .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "warn,lapin::channel=off")
         .spawn()
         .expect("router binary");
     let ready = Instant::now() + Duration::from_secs(60);
