@@ -15,7 +15,8 @@
 //!    deliveries) — idle wake-ups included.
 //!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
-//! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files).
+//! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
+//! BENCH_BIN=/path/to/delay-router measures another build).
 
 mod procfs;
 
@@ -82,7 +83,7 @@ struct Setup {
 async fn setup(conn: &Connection, ladder: &str) -> Setup {
     let prefix = format!("bench-profile-{:08x}", rand::random::<u32>());
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}[log]\nformat = \"text\"\n"
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}"
     );
     let config = Config::from_toml(&text).unwrap();
     let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
@@ -311,7 +312,11 @@ fn main() {
             .expect("ensure-rabbitmq")
             .success()
     );
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
+    // BENCH_BIN: another build's binary, to compare.
+    let bin = std::env::var_os("BENCH_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_delay-router")),
+        PathBuf::from,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -324,22 +329,29 @@ fn main() {
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
-        let (ir_small, p_small) = callgrind_run(&conn, &ch, small, &bin).await;
-        let (ir_large, p_large) = callgrind_run(&conn, &ch, large, &bin).await;
-        let per_msg = (ir_large.saturating_sub(ir_small)) as f64 / (large - small) as f64;
-        println!("instructions: {small} messages {ir_small}, {large} messages {ir_large}");
-        println!("instructions per placed message: {per_msg:.0}");
-        println!("highest self cost, {large} messages:");
-        for line in top_functions(&p_large, 30) {
-            println!("  {line}");
-        }
-        if std::env::var_os("BENCH_KEEP").is_none() {
-            let _ = std::fs::remove_file(p_small);
-            let _ = std::fs::remove_file(p_large);
-        } else {
-            println!("profiles: {} {}", p_small.display(), p_large.display());
+        if std::env::var_os("BENCH_LOW_RATE_ONLY").is_none() {
+            instructions(&conn, &ch, small, large, &bin).await;
         }
         let (us, rss) = low_rate(&conn, &ch, rate, secs, &bin).await;
         println!("at {rate} messages/s for {secs} s (placed and forwarded): CPU {us:.1} µs per event, peak RSS {rss} KiB");
     });
+}
+
+/// Instructions per placed message: two callgrind runs, `small` and `large` messages.
+async fn instructions(conn: &Connection, ch: &Channel, small: u64, large: u64, bin: &Path) {
+    let (ir_small, p_small) = callgrind_run(conn, ch, small, bin).await;
+    let (ir_large, p_large) = callgrind_run(conn, ch, large, bin).await;
+    let per_msg = (ir_large.saturating_sub(ir_small)) as f64 / (large - small) as f64;
+    println!("instructions: {small} messages {ir_small}, {large} messages {ir_large}");
+    println!("instructions per placed message: {per_msg:.0}");
+    println!("highest self cost, {large} messages:");
+    for line in top_functions(&p_large, 30) {
+        println!("  {line}");
+    }
+    if std::env::var_os("BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_file(p_small);
+        let _ = std::fs::remove_file(p_large);
+    } else {
+        println!("profiles: {} {}", p_small.display(), p_large.display());
+    }
 }
