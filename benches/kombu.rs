@@ -29,6 +29,7 @@
 //! `cargo bench --bench kombu`
 
 mod procfs;
+mod workload;
 
 use delay_router::config::Config;
 use delay_router::core::decision::Rules;
@@ -41,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use workload::{Rng, env_or, percentile};
 
 const KOMBU: &str = "kombu>=5.5,<6";
 const MIN_DELAY_MS: u64 = 1_000;
@@ -49,24 +51,6 @@ const IDLE_SAMPLE: Duration = Duration::from_secs(5);
 
 fn url() -> String {
     std::env::var("BENCH_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn env_or(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: the same workload in every run.
-struct Rng(u64);
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 fn run(cmd: &mut Command) -> Result<String, String> {
@@ -124,10 +108,6 @@ fn broker_pid() -> u32 {
         .args(["eval", "os:getpid()."]))
     .expect("the broker's pid (set BENCH_BROKER_PID)");
     out.trim().trim_matches('"').parse().expect("a pid")
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -23,6 +23,7 @@
 //! written is reported and the bench goes on.
 
 mod plot;
+mod workload;
 
 use delay_router::config::Config;
 use delay_router::core::compat::{self, Verdict};
@@ -36,6 +37,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use workload::{Rng, env_or, percentile};
 
 /// BENCH_URL names another broker (e.g. the 4.3 node on 5682).
 fn url() -> String {
@@ -49,24 +51,6 @@ const STRATEGIES: [PlacementStrategy; 3] = [
 ];
 const MIN_DELAY_MS: f64 = 200.0;
 const MAX_DELAY_MS: f64 = 60_000.0;
-
-fn env_or(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: a fixed, reproducible workload without depending on rand's API.
-struct Rng(u64);
-impl Rng {
-    fn next_f64(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// How a lane's router runs.
 enum Runner {
@@ -101,10 +85,6 @@ struct Lane {
     arrived: Arc<Mutex<HashMap<usize, Instant>>>,
     /// Consumes the destination; aborted before the queue is deleted.
     collector: tokio::task::JoinHandle<()>,
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn main() {

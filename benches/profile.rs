@@ -82,9 +82,7 @@ struct Setup {
 
 async fn setup(conn: &Connection, ladder: &str) -> Setup {
     let prefix = format!("bench-profile-{:08x}", rand::random::<u32>());
-    let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}"
-    );
+    let text = format!("[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}");
     let config = Config::from_toml(&text).unwrap();
     let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
     broker::declare::declare(conn, &rules.topology())
