@@ -29,14 +29,14 @@
 //! `cargo bench --bench kombu`
 
 mod procfs;
+mod routerproc;
 mod workload;
 
-use delay_router::config::Config;
-use delay_router::core::decision::Rules;
 use delay_router::testkit::consume::{Acks, Consumer};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use routerproc::RouterProcess;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -339,30 +339,9 @@ async fn kombu_lane(conn: &Connection, w: &Workload, python: &Path, broker: u32)
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scrape(port: u16, name: &str) -> f64 {
-    let body = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-        .unwrap_or_default();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32) -> Measured {
     let url = url();
     let prefix = format!("kbench-{:06x}", rand::random::<u32>() & 0xff_ffff);
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml");
-    let port = free_port();
     let dest = format!("{prefix}.dest");
     ch.queue_declare(
         dest.as_str().into(),
@@ -371,67 +350,21 @@ async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32)
     )
     .await
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
-        .args(["run", "--config", shipped])
-        .env("DELAY_ROUTER__AMQP__URL", &url)
-        .env("DELAY_ROUTER__TOPOLOGY__PREFIX", &prefix)
-        .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
-        .env("RUST_LOG", "warn,lapin::channel=off")
-        .spawn()
-        .expect("router binary");
-    let ready = Instant::now() + Duration::from_secs(60);
-    while ureq::get(&format!("http://127.0.0.1:{port}/readyz"))
-        .call()
-        .is_err()
-    {
-        assert!(Instant::now() < ready, "the router never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let router = RouterProcess::start(&url, &prefix, &[]).await;
     let target = Target {
-        exchange: format!("{prefix}.router"),
+        exchange: router.exchange(),
         routing_keys: Vec::new(),
         headers: Some((String::new(), dest.clone())),
     };
     let idle = idle_rate(broker).await;
     let (b0, _) = procfs::cpu_and_rss(broker);
-    let (r0, _) = procfs::cpu_and_rss(child.id());
+    let (r0, _) = procfs::cpu_and_rss(router.pid());
     let (late, _, window) = drive(conn, w, &target, &dest).await;
     let (b1, _) = procfs::cpu_and_rss(broker);
-    let (r1, rss) = procfs::cpu_and_rss(child.id());
-    let placed = scrape(port, "delay_router_messages_placed_total");
-    let delivered = scrape(port, "delay_router_messages_delivered_total");
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
-    // Remove what the router declared.
-    let mut config = Config::from_toml(&std::fs::read_to_string(shipped).unwrap()).unwrap();
-    config.prefix = prefix.clone();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
-    let mut queues = vec![dest];
-    for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
-        queues.push(format!("{prefix}.{suffix}"));
-    }
-    queues.extend(
-        rules
-            .topology()
-            .bucket_names()
-            .into_iter()
-            .map(|q| q.to_string()),
-    );
-    for q in queues {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in ["router", "expired", "presence"] {
-        let _ = ch
-            .exchange_delete(
-                format!("{prefix}.{e}").as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-    }
+    let (r1, rss) = procfs::cpu_and_rss(router.pid());
+    let placed = router.scrape("delay_router_messages_placed_total");
+    let delivered = router.scrape("delay_router_messages_delivered_total");
+    router.stop_and_remove(ch, &[dest]).await;
     Measured {
         design: Design::Router,
         late,

@@ -10,7 +10,7 @@
 //!     cargo test --release --test chaos -- --ignored --nocapture --test-threads 1
 //!
 //! CHAOS_MESSAGES sets the number of messages per mode (default 20,000),
-//! CHAOS_PREFETCH the router's `amqp.prefetch` (default 5000).
+//! CHAOS_PREFETCH the router's `amqp.prefetch` (default 2000).
 
 mod common;
 use common::*;

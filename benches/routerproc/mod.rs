@@ -1,0 +1,115 @@
+//! The release router as a bench runs it: the shipped `buckets.toml` with a
+//! prefix, a metrics port and overrides from the environment; scraped over
+//! HTTP; stopped with SIGTERM; and everything it declared removed.
+
+use delay_router::config::Config;
+use delay_router::core::decision::Rules;
+use lapin::Channel;
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml");
+
+/// A router process on the shipped configuration.
+pub struct RouterProcess {
+    pub child: Child,
+    pub port: u16,
+    pub prefix: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RouterProcess {
+    /// Starts the router (`CARGO_BIN_EXE_delay-router`) on `url` with
+    /// `prefix` and the extra `DELAY_ROUTER__*` overrides in `env`, and waits
+    /// until `/readyz` answers.
+    pub async fn start(url: &str, prefix: &str, env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+            .args(["run", "--config", SHIPPED])
+            .env("DELAY_ROUTER__AMQP__URL", url)
+            .env("DELAY_ROUTER__TOPOLOGY__PREFIX", prefix)
+            .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "warn,lapin::channel=off")
+            .envs(env.iter().copied())
+            .spawn()
+            .expect("router binary");
+        let ready = Instant::now() + Duration::from_secs(60);
+        while ureq::get(&format!("http://127.0.0.1:{port}/readyz"))
+            .call()
+            .is_err()
+        {
+            assert!(Instant::now() < ready, "the router never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Self {
+            child,
+            port,
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The exchange senders publish to.
+    pub fn exchange(&self) -> String {
+        format!("{}.router", self.prefix)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The first sample named exactly `name` (no labels) on /metrics, or 0.
+    pub fn scrape(&self, name: &str) -> f64 {
+        let body = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.port))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .unwrap_or_default();
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// SIGTERM, wait, then delete what the router declared and `extra_queues`.
+    pub async fn stop_and_remove(mut self, ch: &Channel, extra_queues: &[String]) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let prefix = &self.prefix;
+        let mut config = Config::from_toml(&std::fs::read_to_string(SHIPPED).unwrap()).unwrap();
+        config.prefix = prefix.clone();
+        let rules = Rules::new(&config.ladder, config.strategy, prefix, "guest");
+        let mut queues = extra_queues.to_vec();
+        for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
+            queues.push(format!("{prefix}.{suffix}"));
+        }
+        queues.extend(
+            rules
+                .topology()
+                .bucket_names()
+                .into_iter()
+                .map(|q| q.to_string()),
+        );
+        for q in queues {
+            let _ = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        for e in ["router", "expired", "presence"] {
+            let _ = ch
+                .exchange_delete(
+                    format!("{prefix}.{e}").as_str().into(),
+                    ExchangeDeleteOptions::default(),
+                )
+                .await;
+        }
+    }
+}
