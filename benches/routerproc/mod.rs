@@ -77,8 +77,10 @@ impl RouterProcess {
             .unwrap_or(0.0)
     }
 
-    /// SIGTERM, wait, then delete what the router declared and `extra_queues`.
-    pub async fn stop_and_remove(mut self, ch: &Channel, extra_queues: &[String]) {
+    /// SIGTERM, wait, then delete what the router declared and `extra_queues`;
+    /// returns how many messages the router's own queues and buckets still
+    /// held (waiting, not lost).
+    pub async fn stop_and_remove(mut self, ch: &Channel, extra_queues: &[String]) -> u64 {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -87,10 +89,8 @@ impl RouterProcess {
         let mut config = Config::from_toml(&std::fs::read_to_string(SHIPPED).unwrap()).unwrap();
         config.prefix = prefix.clone();
         let rules = Rules::new(&config.ladder, config.strategy, prefix, "guest");
-        let mut queues = extra_queues.to_vec();
-        for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
-            queues.push(format!("{prefix}.{suffix}"));
-        }
+        let names = &rules.names;
+        let mut queues = vec![names.ingress.to_string(), names.expired.to_string()];
         queues.extend(
             rules
                 .topology()
@@ -98,7 +98,17 @@ impl RouterProcess {
                 .into_iter()
                 .map(|q| q.to_string()),
         );
-        for q in queues {
+        let mut held = 0;
+        for q in &queues {
+            if let Ok(n) = ch
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await
+            {
+                held += u64::from(n);
+            }
+        }
+        let records = [&names.parked, &names.state, &names.cancels].map(|q| q.to_string());
+        for q in extra_queues.iter().cloned().chain(records) {
             let _ = ch
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
                 .await;
@@ -111,5 +121,6 @@ impl RouterProcess {
                 )
                 .await;
         }
+        held
     }
 }
