@@ -10,7 +10,7 @@
 //!     cargo test --release --test chaos -- --ignored --nocapture --test-threads 1
 //!
 //! CHAOS_MESSAGES sets the number of messages per mode (default 20,000),
-//! CHAOS_PREFETCH the router's `amqp.prefetch` (default 2000).
+//! CHAOS_PREFETCH the router's `amqp.prefetch` (default: the router's, 500).
 
 mod common;
 use common::*;
@@ -233,6 +233,12 @@ async fn run(queue_type: &str) {
     assert_eq!(lost, 0, "messages lost");
     assert!(parked.is_empty(), "messages parked: {parked:?}");
     assert_eq!(unstable, 0, "a message arrived with different ids");
+    // Issue 12 asks for at most 10 %; runs at the default window give 2-8 %.
+    // This bound only catches a window gone wild (185 % at prefetch 5000).
+    assert!(
+        duplicated <= n / 2,
+        "{duplicated} duplicates for {n} messages: is the window too wide?"
+    );
     router.process.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);

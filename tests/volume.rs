@@ -76,5 +76,21 @@ async fn large_messages_shrink_the_window_and_all_arrive() {
         .collect();
     assert_eq!(ids.len(), 12);
     assert!(got.iter().all(|(_, d)| d.data == body));
+    // The broker's view: one consumer on the ingress queue, with a window of
+    // one delivery (1 MiB budget, 3 MiB messages), not the configured 2000.
+    let listed = rabbitmqctl(&[
+        "list_consumers",
+        "-q",
+        "--no-table-headers",
+        "queue_name",
+        "consumer_tag",
+        "prefetch_count",
+    ]);
+    let ingress: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.split('\t').next() == Some(h.names.ingress.as_str()))
+        .collect();
+    assert_eq!(ingress.len(), 1, "ingress consumers: {ingress:?}");
+    assert_eq!(ingress[0].split('\t').nth(2), Some("1"), "{ingress:?}");
     h.cleanup().await;
 }

@@ -17,7 +17,7 @@ pub const ENV_PREFIX: &str = "DELAY_ROUTER";
 /// The URL used when neither the file nor the environment names one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default deliveries in flight per consumer.
-pub const DEFAULT_PREFETCH: u16 = 2000;
+pub const DEFAULT_PREFETCH: u16 = 500;
 /// Default bytes in flight per consumer: the window shrinks for large messages.
 pub const DEFAULT_INFLIGHT_BYTES: u64 = 64 << 20;
 

@@ -16,7 +16,7 @@ fn shipped_file_loads_with_the_documented_ladder() {
     );
     assert_eq!(c.prefix, "delay");
     assert_eq!(c.strategy, PlacementStrategy::Cascade);
-    assert_eq!((c.prefetch, c.inflight_bytes), (2000, 64 << 20));
+    assert_eq!((c.prefetch, c.inflight_bytes), (500, 64 << 20));
     assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
 }
 

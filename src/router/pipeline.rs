@@ -12,14 +12,14 @@ use super::session::Fault;
 use super::stats::Stats;
 use super::tombstones::Tombstones;
 use super::{SHUTDOWN_GRACE, SessionError, clock, settle};
-use crate::broker::{self, RPC_TIMEOUT, close_channel, timed};
+use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, timed};
 use crate::core::decision::{Action, Context, Delivery, Rules, Source};
 use crate::core::placement::{HOLD_BELOW, HOLD_WITH_ROOM};
 use crate::core::reasons::exchange_label;
 use futures_util::StreamExt;
-use lapin::Connection;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
+use lapin::{Channel, Connection, Consumer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -55,27 +55,15 @@ impl Pipeline {
             Source::Expired => self.rules.names.expired.clone(),
         };
         let consume_ch = broker::channel(&self.conn).await?;
-        let qos = |count| {
-            timed(
-                "basic.qos",
-                RPC_TIMEOUT,
-                consume_ch.basic_qos(count, BasicQosOptions::default()),
-            )
-        };
-        qos(self.prefetch).await?;
         let lanes = Arc::new(Lanes::open(self.publish_conn.clone()).await?);
-        let tag: ShortString = format!("delay-router-{}", self.source.name()).into();
-        let mut consumer = timed(
-            &format!("basic.consume {queue}"),
-            RPC_TIMEOUT,
-            consume_ch.basic_consume(
-                queue.clone(),
-                tag.clone(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            ),
-        )
-        .await?;
+        // One consumer at a time takes new deliveries; after a resize of the
+        // window the one before drains what it was sent (SelectAll drops it
+        // when the broker confirms its cancel). RabbitMQ applies `basic.qos`
+        // only to consumers started after it, so resizing means a new consumer.
+        let mut consumers = futures_util::stream::SelectAll::new();
+        let mut generation = 0u32;
+        let mut tag = consumer_tag(self.source, generation);
+        consumers.push(subscribe(&consume_ch, &queue, &tag, self.prefetch).await?);
         info!(queue = %queue, prefetch = self.prefetch, "consuming");
         self.health.consuming(&self.stats);
         let tracker = TaskTracker::new();
@@ -104,11 +92,23 @@ impl Pipeline {
             tokio::select! {
                 () = stop.cancelled() => break Ok(()),
                 () = self.fault.raised() => break Ok(()),
-                next = consumer.next() => match next {
+                next = consumers.next() => match next {
                     Some(Ok(delivery)) => {
                         if let Some(count) = window.observe(delivery.data.len()) {
                             info!(prefetch = count, mean_bytes = delivery.data.len(), "resizing the prefetch window to the byte budget");
-                            if let Err(e) = qos(count).await {
+                            generation = generation.wrapping_add(1);
+                            let old = std::mem::replace(&mut tag, consumer_tag(self.source, generation));
+                            match subscribe(&consume_ch, &queue, &tag, count).await {
+                                Ok(consumer) => consumers.push(consumer),
+                                Err(e) => break Err(e.into()),
+                            }
+                            if let Err(e) = timed(
+                                "basic.cancel",
+                                RPC_TIMEOUT,
+                                consume_ch.basic_cancel(old, BasicCancelOptions::default()),
+                            )
+                            .await
+                            {
                                 break Err(e.into());
                             }
                         }
@@ -231,12 +231,47 @@ impl Pipeline {
     }
 }
 
+/// The consumer tag of a pipeline's `generation`th consumer (one more per
+/// resize of the window).
+fn consumer_tag(source: Source, generation: u32) -> ShortString {
+    match generation {
+        0 => format!("delay-router-{}", source.name()).into(),
+        n => format!("delay-router-{}-{n}", source.name()).into(),
+    }
+}
+
+/// Starts a consumer of `queue` on `ch` with a window of `prefetch` deliveries.
+async fn subscribe(
+    ch: &Channel,
+    queue: &ShortString,
+    tag: &ShortString,
+    prefetch: u16,
+) -> Result<Consumer, BrokerError> {
+    timed(
+        "basic.qos",
+        RPC_TIMEOUT,
+        ch.basic_qos(prefetch, BasicQosOptions::default()),
+    )
+    .await?;
+    timed(
+        &format!("basic.consume {queue}"),
+        RPC_TIMEOUT,
+        ch.basic_consume(
+            queue.clone(),
+            tag.clone(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        ),
+    )
+    .await
+}
+
 /// How much of a cascade's last fraction the router times itself: up to
-/// [`HOLD_WITH_ROOM`] while it holds under a quarter of its prefetch window,
+/// [`HOLD_WITH_ROOM`] while it holds under half of its prefetch window,
 /// so held deliveries never stall the consumer; else only what no bucket can
 /// time ([`HOLD_BELOW`]).
 fn hold_up_to(holding: usize, prefetch: u16) -> Duration {
-    if holding < usize::from(prefetch) / 4 {
+    if holding < usize::from(prefetch) / 2 {
         HOLD_WITH_ROOM
     } else {
         HOLD_BELOW
