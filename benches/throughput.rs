@@ -180,7 +180,11 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
     let child = Command::new(binary)
         .args(["run", "--config"])
         .arg(&path)
-        .env("RUST_LOG", "warn")
+        // BENCH_ROUTER_LOG: the router's RUST_LOG (its log goes to stderr).
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_ROUTER_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .spawn()
         .expect("router binary");
     // Killed if the measurement panics, so no router outlives the bench.

@@ -7,10 +7,15 @@
 //! It restarts the shared broker, so it is `#[ignore]`d in the parallel suite
 //! and run on its own by scripts/test (and .ci/run) afterwards:
 //!
-//!     cargo test --release --test chaos -- --ignored --nocapture --test-threads 1
+//!     cargo build --release --bin delay-router
+//!     DELAY_ROUTER_TEST_BIN=target/release/delay-router \
+//!         cargo test --test chaos -- --ignored --nocapture --test-threads 1
 //!
-//! CHAOS_MESSAGES sets the number of messages per mode (default 20,000),
-//! CHAOS_PREFETCH the router's `amqp.prefetch` (default: the router's, 500).
+//! DELAY_ROUTER_TEST_BIN is the router binary it runs (default: the debug
+//! build of the test run; scripts/test gives it the release build, as
+//! `scripts/run` runs). CHAOS_MESSAGES sets the number of messages per mode
+//! (default 20,000), CHAOS_PREFETCH the router's `amqp.prefetch` (default:
+//! the router's, 500), CHAOS_KEEP_LOG keeps the router's log.
 
 mod common;
 use common::*;
@@ -212,7 +217,7 @@ async fn run(queue_type: &str) {
         .count();
     println!(
         "chaos {queue_type}: sent {n}, delivered {} (distinct), lost {lost}, duplicated {duplicated}, parked {}, \
-         ids stable {}/{} — {} kill -9, {} forced connection closes, {} stop_app/start_app, {:.0} s",
+         ids stable {}/{} — {} kill -9, {} forced connection closes, {} stop_app/start_app, {:.0} s, router {}",
         copies.len(),
         parked.len(),
         copies.len() - unstable,
@@ -220,8 +225,15 @@ async fn run(queue_type: &str) {
         chaos.kills,
         chaos.forced_closes,
         chaos.app_restarts,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        router_bin().display()
     );
+    // Which publish part the copies came from (the faults follow each part).
+    let mut by_part = [0usize; 4];
+    for (seq, ids) in &copies {
+        by_part[(*seq as usize * 4 / n).min(3)] += ids.len() - 1;
+    }
+    println!("chaos {queue_type}: duplicated by publish part {by_part:?}");
     if lost > 0 || !parked.is_empty() {
         let missing: Vec<i64> = (0..n as i64)
             .filter(|s| !accounted.contains(s))
@@ -233,15 +245,21 @@ async fn run(queue_type: &str) {
     assert_eq!(lost, 0, "messages lost");
     assert!(parked.is_empty(), "messages parked: {parked:?}");
     assert_eq!(unstable, 0, "a message arrived with different ids");
-    // Issue 12 asks for at most 10 %; runs at the default window give 2-8 %.
-    // This bound only catches a window gone wild (185 % at prefetch 5000).
+    // At most 10 % (issue 12). Release router, default settings: 1.6-2.5 %;
+    // the debug build 5.6-6.5 %; before the publish gate and the abandoning
+    // of unpublished deliveries on a fault 4-6 % and 15-17 %; 185 % with a
+    // window of 5000 (README, Measured under chaos).
     assert!(
-        duplicated <= n / 2,
-        "{duplicated} duplicates for {n} messages: is the window too wide?"
+        duplicated <= n / 10,
+        "{duplicated} duplicates for {n} messages (more than 10 %)"
     );
     router.process.kill_9();
     let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(&log);
+    if std::env::var_os("CHAOS_KEEP_LOG").is_some() {
+        eprintln!("router log: {}", log.display());
+    } else {
+        let _ = std::fs::remove_file(&log);
+    }
     h.cleanup().await;
 }
 

@@ -37,7 +37,12 @@ impl RouterProcess {
             .env("DELAY_ROUTER__AMQP__URL", url)
             .env("DELAY_ROUTER__TOPOLOGY__PREFIX", prefix)
             .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
-            .env("RUST_LOG", "warn,lapin::channel=off")
+            // BENCH_ROUTER_LOG: the router's RUST_LOG (its log goes to stderr).
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_ROUTER_LOG")
+                    .unwrap_or_else(|_| "warn,lapin::channel=off".to_owned()),
+            )
             .envs(env.iter().copied())
             .spawn()
             .expect("router binary");

@@ -11,6 +11,7 @@ pub mod decision;
 pub mod envelope;
 pub mod glob;
 pub mod identity;
+pub mod inflight;
 pub mod ladder;
 pub mod parking;
 pub mod placement;

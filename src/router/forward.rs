@@ -15,6 +15,7 @@
 
 use super::SessionError;
 use super::destinations::Destinations;
+use super::gate::PublishGate;
 use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::BrokerError;
@@ -25,6 +26,7 @@ use crate::core::reasons::exchange_label;
 use lapin::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 /// Publishes one message may take before the session gives up on it (a
@@ -69,6 +71,10 @@ pub struct Forwarder {
     pub destinations: Arc<Destinations>,
     pub settler: Settler,
     pub stats: Arc<Stats>,
+    /// Publishes unconfirmed at once, sized from confirm latency.
+    pub gate: PublishGate,
+    /// Cancelled when the session ends on a fault: nothing more is published.
+    pub abandoned: CancellationToken,
     /// Deliveries held now (see [`Forwarder::hold`]).
     pub holding: AtomicUsize,
 }
@@ -148,9 +154,21 @@ impl Forwarder {
                 properties: pending.plan.action.properties(),
                 data: &pending.data,
             };
+            let entry = self.gate.enter().await;
+            if self.abandoned.is_cancelled() {
+                return Err(SessionError::Abandoned);
+            }
             let sent = std::time::Instant::now();
             let outcome = lane.publish(message).await?;
-            self.stats.record_confirm(sent.elapsed());
+            let took = sent.elapsed();
+            self.stats.record_confirm(took);
+            if matches!(
+                outcome,
+                Outcome::Confirmed | Outcome::Returned | Outcome::Nacked
+            ) {
+                entry.answered(took);
+            }
+            drop(entry);
             drop(turn);
             let action = &pending.plan.action;
             let own = || routing_key.to_string();

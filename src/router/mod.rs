@@ -22,6 +22,7 @@ pub mod destinations;
 pub mod drift;
 pub mod endpoint;
 pub mod forward;
+pub mod gate;
 pub mod health;
 pub mod janitor;
 pub mod pipeline;
@@ -84,6 +85,11 @@ pub enum SessionError {
     Unsettled { queue: String, attempts: usize },
     #[error("the settler stopped")]
     SettlerStopped,
+    /// The session is ending on a fault: a delivery not yet published stays
+    /// unpublished (the broker redelivers its source; published now it
+    /// could not be acked, and would arrive twice).
+    #[error("the session ended before this delivery was published")]
+    Abandoned,
     #[error("a pipeline task failed: {0}")]
     Task(String),
     #[error("the cancels stream: {0}")]

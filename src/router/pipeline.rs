@@ -6,6 +6,7 @@
 
 use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
+use super::gate::PublishGate;
 use super::health::Health;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
@@ -69,11 +70,15 @@ impl Pipeline {
         let tracker = TaskTracker::new();
         let mut window = PrefetchWindow::new(self.prefetch, self.inflight_bytes);
         let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
+        let abandoned = CancellationToken::new();
         let acks = {
             let (ch, fault) = (consume_ch.clone(), self.fault.clone());
+            let abandoned = abandoned.clone();
             tokio::spawn(
                 async move {
                     if let Err(e) = settle::run(ch, settled).await {
+                        // No ack can be sent: publish nothing more.
+                        abandoned.cancel();
                         fault.raise(e.into());
                     }
                 }
@@ -86,6 +91,8 @@ impl Pipeline {
             destinations: self.destinations.clone(),
             settler,
             stats: self.stats.clone(),
+            gate: PublishGate::new(self.prefetch, self.stats.clone()),
+            abandoned: abandoned.clone(),
             holding: Default::default(),
         });
         let outcome = loop {
@@ -98,6 +105,7 @@ impl Pipeline {
                             info!(prefetch = count, mean_bytes = delivery.data.len(), "resizing the prefetch window to the byte budget");
                             generation = generation.wrapping_add(1);
                             let old = std::mem::replace(&mut tag, consumer_tag(self.source, generation));
+                            forwarder.gate.set_max(count);
                             match subscribe(&consume_ch, &queue, &tag, count).await {
                                 Ok(consumer) => consumers.push(consumer),
                                 Err(e) => break Err(e.into()),
@@ -133,6 +141,12 @@ impl Pipeline {
             Err(e) => format!("broker session lost: {e}"),
         };
         self.health.stopped(&self.stats, &why);
+        // On a fault the deliveries not yet published stay so: their sources
+        // come back from the broker, and a publish now could not be acked
+        // (each one would arrive twice). A clean stop finishes them.
+        if !(outcome.is_ok() && stop.is_cancelled()) {
+            abandoned.cancel();
+        }
         // Only a clean stop hands the consumer back: after a fault the
         // connection is going (or gone), and closing it cancels the consumer
         // without waiting on a broker that may not answer.
@@ -219,9 +233,16 @@ impl Pipeline {
         stats.in_flight(1);
         tracker.spawn(
             async move {
-                if let Err(e) = forwarder.forward(pending).await {
-                    error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
-                    fault.raise(e);
+                match forwarder.forward(pending).await {
+                    Ok(()) => {}
+                    // The session is ending already; the broker redelivers it.
+                    Err(SessionError::Abandoned | SessionError::SettlerStopped) => {
+                        stats.record_abandoned();
+                    }
+                    Err(e) => {
+                        error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
+                        fault.raise(e);
+                    }
                 }
                 stats.in_flight(-1);
             }

@@ -86,14 +86,17 @@ pub async fn run(ch: Channel, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<
         let acks = window.advance();
         let multiple = acks.up_to.map(|tag| (tag, true));
         let singles = acks.singles.into_iter().map(|tag| (tag, false));
-        for (tag, multiple) in multiple.into_iter().chain(singles) {
+        // All of them at once: awaited one by one, each ack waits for lapin's
+        // I/O thread to write the one before, and settled deliveries pile up
+        // unacked (each one sent again if the router dies meanwhile).
+        let sends = multiple.into_iter().chain(singles).map(|(tag, multiple)| {
             timed(
                 "basic.ack",
                 RPC_TIMEOUT,
                 ch.basic_ack(tag, BasicAckOptions { multiple }),
             )
-            .await?;
-        }
+        });
+        futures_util::future::try_join_all(sends).await?;
     }
     Ok(())
 }

@@ -89,12 +89,14 @@ pub struct Stats {
     sessions: Counter,
     reconnects: Counter,
     suspects: Counter,
+    abandoned: Counter,
     refusals: Counter,
     lateness: Histogram,
     hops: Histogram,
     confirm: Histogram,
     in_flight: Gauge,
     holding: Gauge,
+    publish_window: Gauge,
     tombstones: Gauge,
     ready: Gauge,
     buckets: Family<BucketLabel, Gauge>,
@@ -150,12 +152,14 @@ impl Stats {
             sessions: Counter::default(),
             reconnects: Counter::default(),
             suspects: Counter::default(),
+            abandoned: Counter::default(),
             refusals: Counter::default(),
             lateness: histogram(&LATENESS_BUCKETS),
             hops: histogram(&HOP_BUCKETS),
             confirm: histogram(&CONFIRM_BUCKETS),
             in_flight: Gauge::default(),
             holding: Gauge::default(),
+            publish_window: Gauge::default(),
             tombstones: Gauge::default(),
             ready: Gauge::default(),
             buckets: Family::default(),
@@ -227,6 +231,11 @@ impl Stats {
             self.suspects.clone(),
         );
         r.register(
+            "delay_router_deliveries_abandoned",
+            "Deliveries left unpublished when a broker session ended on a fault (the broker redelivers them)",
+            self.abandoned.clone(),
+        );
+        r.register(
             "delay_router_publishes_refused",
             "Deliveries the broker refused by closing the channel (each parked)",
             self.refusals.clone(),
@@ -252,6 +261,11 @@ impl Stats {
             "delay_router_in_flight_messages",
             "Source deliveries taken and not yet settled",
             self.in_flight.clone(),
+        );
+        r.register(
+            "delay_router_publish_window_messages",
+            "Publishes the pipelines let be unconfirmed at once now, sized from confirm latency",
+            self.publish_window.clone(),
         );
         r.register(
             "delay_router_holding_messages",
@@ -407,6 +421,11 @@ impl Stats {
         self.suspects.inc();
     }
 
+    /// Counts a delivery left unpublished because its session ended on a fault.
+    pub fn record_abandoned(&self) {
+        self.abandoned.inc();
+    }
+
     /// Counts a publish the broker refused by closing the channel.
     pub fn record_refusal(&self) {
         self.refusals.inc();
@@ -420,6 +439,11 @@ impl Stats {
     /// A source delivery taken (+1) or settled (-1).
     pub fn in_flight(&self, delta: i64) {
         self.in_flight.inc_by(delta);
+    }
+
+    /// A pipeline's limit on unconfirmed publishes changed by `delta`.
+    pub fn publish_window(&self, delta: i64) {
+        self.publish_window.inc_by(delta);
     }
 
     /// A message the router starts (+1) or stops (-1) holding in memory.

@@ -83,6 +83,15 @@ pub fn close_router_connections(prefix: &str) -> usize {
 /// The router binary Cargo built for the integration tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_delay-router");
 
+/// The router binary the long-running tests spawn: `DELAY_ROUTER_TEST_BIN`
+/// when set (scripts/test points the chaos test at the release build, the
+/// one `scripts/run` runs), else [`BIN`].
+pub fn router_bin() -> std::path::PathBuf {
+    std::env::var_os("DELAY_ROUTER_TEST_BIN")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| BIN.into(), std::path::PathBuf::from)
+}
+
 /// Writes a config file for `prefix` to the temp directory.
 pub fn write_config(prefix: &str, ladder: &[&str], extra: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
@@ -120,7 +129,7 @@ pub fn spawn_binary_logging(
     log: &std::path::Path,
     filter: Option<&str>,
 ) -> Spawned {
-    let mut command = std::process::Command::new(BIN);
+    let mut command = std::process::Command::new(router_bin());
     if let Some(filter) = filter {
         command.env("RUST_LOG", filter);
     }
