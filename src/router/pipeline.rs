@@ -235,9 +235,14 @@ impl Pipeline {
             async move {
                 match forwarder.forward(pending).await {
                     Ok(()) => {}
-                    // The session is ending already; the broker redelivers it.
-                    Err(SessionError::Abandoned | SessionError::SettlerStopped) => {
-                        stats.record_abandoned();
+                    // The session is ending on a fault; the broker redelivers it.
+                    Err(SessionError::Abandoned) => stats.record_abandoned(),
+                    // Confirmed, but the consuming channel is gone: the source
+                    // comes back and is sent again (one line per session, from
+                    // the settler's own error, is enough).
+                    Err(e @ SessionError::SettlerStopped) => {
+                        debug!("replacement confirmed, source not acked: the settler stopped");
+                        fault.raise(e);
                     }
                     Err(e) => {
                         error!(error = %e, "publish not confirmed; the source message stays unacked and will be redelivered");
