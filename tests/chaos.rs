@@ -245,7 +245,7 @@ async fn run(queue_type: &str) {
     assert_eq!(lost, 0, "messages lost");
     assert!(parked.is_empty(), "messages parked: {parked:?}");
     assert_eq!(unstable, 0, "a message arrived with different ids");
-    // At most 10 % (issue 12). Release router, default settings: 1.6-2.5 %;
+    // At most 10 % (issue 12). Release router, default settings: 1.6-5.0 %;
     // the debug build 5.6-6.5 %; before the publish gate and the abandoning
     // of unpublished deliveries on a fault 4-6 % and 15-17 %; 185 % with a
     // window of 5000 (README, Measured under chaos).
