@@ -133,7 +133,7 @@ async fn metrics_count_known_traffic() {
     assert!(sample(&s, "delay_router_messages_placed_total", &[]).unwrap() >= 3.0);
     assert!(sample(&s, "delay_router_messages_held_total", &[]).unwrap() >= 3.0);
     assert!(sample(&s, "delay_router_publish_confirm_seconds_count", &[]).unwrap() >= 12.0);
-    // Two pipelines (ingress, expired), each letting at least 16 and at most
+    // Two pipelines (ingress, expired), each letting at least 32 and at most
     // its prefetch window of publishes be unconfirmed at once.
     let window = sample(&s, "delay_router_publish_window_messages", &[]).unwrap();
     assert!((32.0..=1000.0).contains(&window), "publish window {window}");
