@@ -25,7 +25,8 @@
 //!
 //! `cargo bench --bench million` against the Debian broker; for RabbitMQ 4.x:
 //! BENCH_URL=amqp://guest:guest@127.0.0.1:5682/%2f
-//! BENCH_CTL=scripts/rabbitmqctl4 BENCH_QUEUE_TYPE=quorum.
+//! BENCH_CTL=scripts/rabbitmqctl4 BENCH_QUEUE_TYPE=quorum. BENCH_BIN runs
+//! another build of the router instead of this one (an A/B in two runs).
 
 mod procfs;
 mod routerproc;

@@ -27,12 +27,17 @@ fn free_port() -> u16 {
 }
 
 impl RouterProcess {
-    /// Starts the router (`CARGO_BIN_EXE_delay-router`) on `url` with
-    /// `prefix` and the extra `DELAY_ROUTER__*` overrides in `env`, and waits
-    /// until `/readyz` answers.
+    /// Starts the router (`CARGO_BIN_EXE_delay-router`, or the binary in
+    /// `BENCH_BIN`: another build, to compare) on `url` with `prefix` and the
+    /// extra `DELAY_ROUTER__*` overrides in `env`, and waits until `/readyz`
+    /// answers.
     pub async fn start(url: &str, prefix: &str, env: &[(&str, &str)]) -> Self {
         let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_delay-router"))
+        let bin = std::env::var_os("BENCH_BIN").map_or_else(
+            || std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router")),
+            std::path::PathBuf::from,
+        );
+        let child = Command::new(bin)
             .args(["run", "--config", SHIPPED])
             .env("DELAY_ROUTER__AMQP__URL", url)
             .env("DELAY_ROUTER__TOPOLOGY__PREFIX", prefix)
