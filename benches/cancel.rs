@@ -233,27 +233,7 @@ async fn round(conn: &Connection, tombstones: usize, messages: usize) -> Round {
     drop(router);
     late.sort_unstable();
     let rules = Rules::from_config(&Config::from_toml(&text).unwrap());
-    let mut queues: Vec<String> = rules
-        .topology()
-        .bucket_names()
-        .iter()
-        .map(|q| q.to_string())
-        .collect();
-    queues.extend(rules.names.own_queues().map(|q| q.to_string()));
-    queues.push(dest);
-    for q in queues {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in ["router", "expired", "presence"] {
-        let _ = ch
-            .exchange_delete(
-                format!("{prefix}.{e}").as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-    }
+    delay_router::testkit::teardown::remove_topology(&ch, &rules, &[dest]).await;
     std::fs::remove_file(path).ok();
     Round {
         tombstones,

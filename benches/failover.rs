@@ -275,19 +275,7 @@ fn main() {
 
         // Remove what the bench declared.
         let rules = delay_router::core::decision::Rules::from_config(&config);
-        let mut queues: Vec<String> = rules.topology().bucket_names().iter().map(|q| q.to_string()).collect();
-        queues.push(dest);
-        for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
-            queues.push(format!("{prefix}.{suffix}"));
-        }
-        for q in queues {
-            let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
-        }
-        for e in ["router", "expired", "presence"] {
-            let _ = ch
-                .exchange_delete(format!("{prefix}.{e}").as_str().into(), ExchangeDeleteOptions::default())
-                .await;
-        }
+        delay_router::testkit::teardown::remove_topology(&ch, &rules, &[dest]).await;
         for path in configs {
             let _ = std::fs::remove_file(path);
         }

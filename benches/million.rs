@@ -114,6 +114,11 @@ fn message(id: String, due_ms: i64, dest: &str) -> (Vec<u8>, BasicProperties) {
     (body, props)
 }
 
+/// `<prefix>.` of one of the router's queue names.
+fn prefix_of(queue: &str) -> &str {
+    queue.find('.').map_or("", |i| &queue[..=i])
+}
+
 /// What the destination queue has delivered.
 struct Arrivals {
     /// Per bulk message, lateness in ms; `i32::MIN` until it arrives.
@@ -146,9 +151,11 @@ fn main() {
 async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     let url = url();
     let version = ctl_eval("rabbit_misc:version().").unwrap_or_else(|| "?".into());
-    let conn = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .expect("broker");
+    let conn = Arc::new(
+        Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("broker"),
+    );
     let ch = conn.create_channel().await.unwrap();
     let prefix = format!("million-{:06x}", rand::random::<u32>() & 0xff_ffff);
     let dest = format!("{prefix}.dest");
@@ -271,6 +278,40 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         }
     });
 
+    // Where the backlog sits: the depth of the router's queues every
+    // BENCH_DEPTH_SECS (15; 0: never).
+    let depth_every = env_or("BENCH_DEPTH_SECS", 15);
+    let depths = (depth_every > 0).then(|| {
+        let rules = routerproc::rules(&prefix);
+        let names = &rules.names;
+        let mut queues = vec![
+            names.ingress.clone(),
+            names.due.clone(),
+            names.expired.clone(),
+        ];
+        queues.extend(rules.topology().bucket_names());
+        let (stop, conn) = (drained.clone(), conn.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let mut line = format!("  depths t={:>5}s", start.elapsed().as_secs());
+                for q in &queues {
+                    let d = delay_router::broker::probe::depth(&conn, q).await;
+                    if let Ok(Some(d)) = d
+                        && d > 0
+                    {
+                        let short = q
+                            .as_str()
+                            .strip_prefix(prefix_of(q.as_str()))
+                            .unwrap_or(q.as_str());
+                        line.push_str(&format!("  {short} {d}"));
+                    }
+                }
+                println!("{line}");
+                tokio::time::sleep(Duration::from_secs(depth_every)).await;
+            }
+        })
+    });
+
     // The bulk.
     let pub_ch = conn.create_channel().await.unwrap();
     pub_ch
@@ -330,6 +371,9 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     let _ = prober.await;
     tokio::time::sleep(Duration::from_millis(PROBE_MAX_DELAY_MS + 5_000)).await;
     let _ = sampler.await;
+    if let Some(depths) = depths {
+        let _ = depths.await;
+    }
     collector.abort();
     let (cpu1, peak_kib) = procfs::cpu_and_rss(pid);
     let placed = router.scrape("delay_router_messages_placed_total");

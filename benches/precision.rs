@@ -261,23 +261,13 @@ fn main() {
                     let _ = child.wait();
                 }
             }
-            let mut queues = vec![lane.dest.clone()];
-            for suffix in ["ingress", "expired", "parked", "state", "cancels"] {
-                queues.push(format!("{}.{suffix}", lane.prefix));
-            }
             let rules = delay_router::core::decision::Rules::new(
                 &delay_router::core::ladder::Ladder::from_labels(&LADDER).unwrap(),
                 lane.strategy,
                 &lane.prefix,
                 "guest",
             );
-            queues.extend(rules.topology().bucket_names().into_iter().map(|q| q.to_string()));
-            for q in queues {
-                let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
-            }
-            for e in ["router", "expired", "presence"] {
-                let _ = ch.exchange_delete(format!("{}.{e}", lane.prefix).as_str().into(), ExchangeDeleteOptions::default()).await;
-            }
+            delay_router::testkit::teardown::remove_topology(&ch, &rules, &[lane.dest.clone()]).await;
         }
         measured
     });

@@ -97,29 +97,7 @@ async fn setup(conn: &Connection, ladder: &str) -> Setup {
 }
 
 async fn teardown(ch: &Channel, setup: Setup) {
-    let names = &setup.rules.names;
-    let mut queues: Vec<String> = setup
-        .rules
-        .topology()
-        .bucket_names()
-        .into_iter()
-        .map(|q| q.to_string())
-        .collect();
-    queues.extend(names.own_queues().map(|q| q.to_string()));
-    for q in queues {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in [
-        &names.router_exchange,
-        &names.expired_exchange,
-        &names.presence,
-    ] {
-        let _ = ch
-            .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    delay_router::testkit::teardown::remove_topology(ch, &setup.rules, &[]).await;
     let _ = std::fs::remove_file(setup.config);
 }
 

@@ -201,23 +201,7 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
         .unwrap();
     assert!(status.success(), "router exited with {status}");
     std::fs::remove_file(path).unwrap();
-    let mut queues: Vec<String> = rules
-        .topology()
-        .bucket_names()
-        .into_iter()
-        .map(|q| q.to_string())
-        .collect();
-    queues.extend(names.own_queues().map(|q| q.to_string()));
-    delete_queues(&ch, &queues).await;
-    for e in [
-        &names.router_exchange,
-        &names.expired_exchange,
-        &names.presence,
-    ] {
-        let _ = ch
-            .exchange_delete(e.clone(), ExchangeDeleteOptions::default())
-            .await;
-    }
+    delay_router::testkit::teardown::remove_topology(&ch, &rules, &[]).await;
     drain
 }
 

@@ -704,23 +704,6 @@ async fn a_cluster_survives_node_and_router_faults_losing_nothing() {
     // Remove what the test declared.
     let conn = connect_any().await;
     let ch = conn.create_channel().await.unwrap();
-    let mut queues = vec![dest];
-    queues.extend(buckets);
-    queues.extend(
-        ["ingress", "expired", "parked", "state", "cancels"].map(|q| format!("{prefix}.{q}")),
-    );
-    for q in queues {
-        let _ = ch
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for e in ["router", "expired", "presence"] {
-        let _ = ch
-            .exchange_delete(
-                format!("{prefix}.{e}").as_str().into(),
-                ExchangeDeleteOptions::default(),
-            )
-            .await;
-    }
+    delay_router::testkit::teardown::remove_topology(&ch, &rules, &[dest]).await;
     let _ = std::fs::remove_file(&path);
 }

@@ -5,11 +5,23 @@
 use delay_router::config::Config;
 use delay_router::core::decision::Rules;
 use lapin::Channel;
-use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml");
+
+/// The configuration the router runs on: the shipped one, or BENCH_CONFIG
+/// (another ladder, e.g. a scaled-down one for a quicker experiment).
+pub fn config_path() -> String {
+    std::env::var("BENCH_CONFIG").unwrap_or_else(|_| SHIPPED.to_owned())
+}
+
+/// The rules of the configuration the router runs on, under `prefix`.
+pub fn rules(prefix: &str) -> Rules {
+    let mut config = Config::from_toml(&std::fs::read_to_string(config_path()).unwrap()).unwrap();
+    config.prefix = prefix.to_owned();
+    Rules::new(&config.ladder, config.strategy, prefix, "guest")
+}
 
 /// A router process on the shipped configuration.
 pub struct RouterProcess {
@@ -38,7 +50,7 @@ impl RouterProcess {
             std::path::PathBuf::from,
         );
         let child = Command::new(bin)
-            .args(["run", "--config", SHIPPED])
+            .args(["run", "--config", &config_path()])
             .env("DELAY_ROUTER__AMQP__URL", url)
             .env("DELAY_ROUTER__TOPOLOGY__PREFIX", prefix)
             .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
@@ -95,42 +107,7 @@ impl RouterProcess {
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         let _ = self.child.wait();
-        let prefix = &self.prefix;
-        let mut config = Config::from_toml(&std::fs::read_to_string(SHIPPED).unwrap()).unwrap();
-        config.prefix = prefix.clone();
-        let rules = Rules::new(&config.ladder, config.strategy, prefix, "guest");
-        let names = &rules.names;
-        let mut queues = vec![names.ingress.to_string(), names.expired.to_string()];
-        queues.extend(
-            rules
-                .topology()
-                .bucket_names()
-                .into_iter()
-                .map(|q| q.to_string()),
-        );
-        let mut held = 0;
-        for q in &queues {
-            if let Ok(n) = ch
-                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                .await
-            {
-                held += u64::from(n);
-            }
-        }
-        let records = [&names.parked, &names.state, &names.cancels].map(|q| q.to_string());
-        for q in extra_queues.iter().cloned().chain(records) {
-            let _ = ch
-                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-        for e in ["router", "expired", "presence"] {
-            let _ = ch
-                .exchange_delete(
-                    format!("{prefix}.{e}").as_str().into(),
-                    ExchangeDeleteOptions::default(),
-                )
-                .await;
-        }
-        held
+        delay_router::testkit::teardown::remove_topology(ch, &rules(&self.prefix), extra_queues)
+            .await
     }
 }

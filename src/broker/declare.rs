@@ -3,13 +3,24 @@
 //! saying which queue and what to do.
 
 use super::{BrokerError, PRECONDITION_FAILED, RPC_TIMEOUT, channel, close_channel, timed};
-use crate::core::topology::Topology;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use crate::core::topology::{Topology, due_binding, lanes_arguments};
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
 use tracing::warn;
 
 /// Declares every exchange, queue and binding of `t`; idempotent.
+///
+/// What the buckets expire reaches the router through the lanes: the
+/// buckets' dead-letter exchange (`expired`) is bound to `lanes`, which
+/// sorts what is due soon into the `due` queue and passes the rest to its
+/// alternate exchange `lanes.later`, bound to the `expired` queue. Versions
+/// before the lanes bound the `expired` queue to the `expired` exchange
+/// directly; that binding is removed once the lanes are in place (both
+/// lead to the same queue, so nothing is lost or doubled in between but a
+/// due message, which may then reach both lanes once).
 ///
 /// One of the router's own queues that exists with other arguments, as
 /// declared by an earlier version (before the quorum delivery limits), is
@@ -19,9 +30,12 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
     let names = &t.names;
     let mut ch = channel(conn).await?;
     let declared = async {
-        exchange(&ch, &names.router_exchange, ExchangeKind::Fanout).await?;
-        exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout).await?;
-        exchange(&ch, &names.presence, ExchangeKind::Fanout).await?;
+        let none = FieldTable::default;
+        exchange(&ch, &names.router_exchange, ExchangeKind::Fanout, none()).await?;
+        exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout, none()).await?;
+        exchange(&ch, &names.lanes_later, ExchangeKind::Fanout, none()).await?;
+        exchange(&ch, &names.lanes, ExchangeKind::Headers, lanes_arguments(names)).await?;
+        exchange(&ch, &names.presence, ExchangeKind::Fanout, none()).await?;
         for (q, args) in &t.own {
             match queue(&ch, q, args.clone()).await {
                 // Which argument differs is only in the broker's words.
@@ -47,8 +61,33 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
         }
         let (cancels, args) = &t.cancels;
         queue(&ch, cancels, args.clone()).await?;
-        bind(&ch, &names.ingress, &names.router_exchange).await?;
-        bind(&ch, &names.expired, &names.expired_exchange).await?;
+        bind(&ch, &names.ingress, &names.router_exchange, none()).await?;
+        bind(&ch, &names.expired, &names.lanes_later, none()).await?;
+        bind(&ch, &names.due, &names.lanes, due_binding()).await?;
+        timed(
+            &format!("exchange.bind {} to {}", names.lanes, names.expired_exchange),
+            RPC_TIMEOUT,
+            ch.exchange_bind(
+                names.lanes.clone(),
+                names.expired_exchange.clone(),
+                "".into(),
+                ExchangeBindOptions::default(),
+                none(),
+            ),
+        )
+        .await?;
+        // Before the lanes: the expired queue straight on the exchange.
+        timed(
+            &format!("queue.unbind {} from {}", names.expired, names.expired_exchange),
+            RPC_TIMEOUT,
+            ch.queue_unbind(
+                names.expired.clone(),
+                names.expired_exchange.clone(),
+                "".into(),
+                none(),
+            ),
+        )
+        .await?;
         for (q, args) in &t.buckets {
             queue(&ch, q, args.clone()).await?;
         }
@@ -85,7 +124,12 @@ fn conflict(kind: &'static str, name: &str, e: BrokerError) -> BrokerError {
     }
 }
 
-async fn exchange(ch: &Channel, name: &ShortString, kind: ExchangeKind) -> Result<(), BrokerError> {
+async fn exchange(
+    ch: &Channel,
+    name: &ShortString,
+    kind: ExchangeKind,
+    args: FieldTable,
+) -> Result<(), BrokerError> {
     let opts = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
@@ -93,7 +137,7 @@ async fn exchange(ch: &Channel, name: &ShortString, kind: ExchangeKind) -> Resul
     timed(
         &format!("exchange.declare {name}"),
         RPC_TIMEOUT,
-        ch.exchange_declare(name.clone(), kind, opts, FieldTable::default()),
+        ch.exchange_declare(name.clone(), kind, opts, args),
     )
     .await
     .map_err(|e| conflict("exchange", name.as_str(), e))
@@ -114,6 +158,7 @@ async fn bind(
     ch: &Channel,
     queue: &ShortString,
     exchange: &ShortString,
+    args: FieldTable,
 ) -> Result<(), BrokerError> {
     timed(
         &format!("queue.bind {queue} to {exchange}"),
@@ -123,7 +168,7 @@ async fn bind(
             exchange.clone(),
             "".into(),
             QueueBindOptions::default(),
-            FieldTable::default(),
+            args,
         ),
     )
     .await

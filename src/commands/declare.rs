@@ -15,11 +15,12 @@ pub async fn declare(config: &Config) -> Result<String, BrokerError> {
     declared?;
     let names = &rules.names;
     Ok(format!(
-        "declared {} buckets, {}, {}, {} and {} on {}",
+        "declared {} buckets, {}, {}, {}, {} and {} on {}",
         rules.ladder.rungs().len(),
         names.router_exchange,
         names.ingress,
         names.expired,
+        names.due,
         names.parked,
         config.urls[used]
     ))

@@ -50,6 +50,7 @@ pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
         .collect();
     queues.push(("ingress".into(), names.ingress.clone()));
     queues.push(("expired".into(), names.expired.clone()));
+    queues.push(("due".into(), names.due.clone()));
     queues.push(("parked".into(), names.parked.clone()));
     let mut prober = Prober::new(&conn);
     let mut out = Vec::with_capacity(queues.len());

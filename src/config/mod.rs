@@ -111,6 +111,7 @@ struct RawTopology {
 #[serde(deny_unknown_fields)]
 struct RawPlacement {
     strategy: Option<String>,
+    due_within: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +155,9 @@ pub struct Config {
     pub inflight_bytes: u64,
     pub prefix: String,
     pub strategy: PlacementStrategy,
+    /// `[placement] due_within`: a message due within this long after its
+    /// bucket expires it goes to the due lane.
+    pub due_within: std::time::Duration,
     pub queue_type: QueueType,
     pub ladder: Ladder,
     /// Retry policies, first match wins.
@@ -290,6 +294,16 @@ impl Config {
         let strategy = strategy_raw
             .parse::<PlacementStrategy>()
             .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
+        let due_within = match raw.placement.due_within {
+            None => crate::core::placement::DEFAULT_DUE_WITHIN,
+            Some(v) => humantime::parse_duration(v.trim()).map_err(|_| {
+                invalid(
+                    "placement.due_within",
+                    &v,
+                    "expected a duration such as \"2m\" (0s: no due lane)".into(),
+                )
+            })?,
+        };
         let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "classic".into());
         let queue_type = queue_type_raw
             .parse::<QueueType>()
@@ -375,6 +389,7 @@ impl Config {
             inflight_bytes,
             prefix,
             strategy,
+            due_within,
             queue_type,
             ladder,
             policies,

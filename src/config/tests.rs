@@ -43,6 +43,8 @@ fn invalid_values_name_the_key_and_the_value() {
         e.starts_with("placement.strategy = \"fastest\": unknown strategy"),
         "{e}"
     );
+    let e = err("[placement]\ndue_within = \"soon\"\n[[bucket]]\nttl = \"1s\"");
+    assert!(e.starts_with("placement.due_within = \"soon\""), "{e}");
     let e = err("[topology]\nprefix = \"a b\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.prefix = \"a b\""), "{e}");
     let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");

@@ -38,6 +38,14 @@ pub const TRANSIT_ROUTING_KEY: &str = "x-delay-router-routing-key";
 pub const TRANSIT_DEADLINE: &str = "x-delay-router-deadline";
 /// Router bookkeeping while a message waits: bucket placements so far.
 pub const TRANSIT_HOPS: &str = "x-delay-router-hops";
+/// Router bookkeeping while a message waits: [`DUE_LANE`] when it will be due
+/// soon after its bucket expires it, so it is sorted into the due lane
+/// (`<prefix>.due`) rather than behind messages with time to spare; absent
+/// otherwise. The one bookkeeping header without the `x-` prefix: RabbitMQ's
+/// headers exchange ignores `x-` headers when it matches (`x-match: all`).
+pub const TRANSIT_LANE: &str = "delay-router-lane";
+/// The value of [`TRANSIT_LANE`] that the due lane's binding matches.
+pub const DUE_LANE: &str = "due";
 /// Router bookkeeping: the sender's headers the broker rewrites in a bucket
 /// (`x-death`, `x-first-death-*`, `x-last-death-*`), kept aside until delivery.
 pub const SAVED_HEADERS: &str = "x-delay-router-saved-headers";
@@ -46,11 +54,12 @@ pub const SAVED_HEADERS: &str = "x-delay-router-saved-headers";
 pub const SAVED_PROPERTIES: &str = "x-delay-router-saved-properties";
 
 /// Every transit header; none of them reaches the destination.
-pub const TRANSIT_HEADERS: [&str; 6] = [
+pub const TRANSIT_HEADERS: [&str; 7] = [
     TRANSIT_EXCHANGE,
     TRANSIT_ROUTING_KEY,
     TRANSIT_DEADLINE,
     TRANSIT_HOPS,
+    TRANSIT_LANE,
     SAVED_HEADERS,
     SAVED_PROPERTIES,
 ];

@@ -38,8 +38,12 @@ pub enum Source {
     /// `<prefix>.ingress`: published to the router exchange, or dead-lettered
     /// there by a work queue whose consumer rejected it.
     Ingress,
-    /// `<prefix>.expired`: dead-lettered by a bucket when its TTL ran out.
+    /// `<prefix>.expired`: dead-lettered by a bucket when its TTL ran out,
+    /// with time to spare.
     Expired,
+    /// `<prefix>.due`: dead-lettered by a bucket when its TTL ran out, due
+    /// soon (the due lane; see [`placement::due_lane`]).
+    Due,
 }
 
 impl Source {
@@ -47,6 +51,19 @@ impl Source {
         match self {
             Self::Ingress => "ingress",
             Self::Expired => "expired",
+            Self::Due => "due",
+        }
+    }
+
+    /// Every source, in the order the router consumes them.
+    pub const ALL: [Source; 3] = [Source::Ingress, Source::Due, Source::Expired];
+
+    /// The queue this source is.
+    pub fn queue(self, names: &Names) -> &ShortString {
+        match self {
+            Self::Ingress => &names.ingress,
+            Self::Expired => &names.expired,
+            Self::Due => &names.due,
         }
     }
 }
@@ -99,6 +116,9 @@ pub struct Rules {
     pub allow: Option<AllowList>,
     /// How long a tombstone lives (`[cancel] keep`).
     pub cancel_keep: Duration,
+    /// What is due within this long of leaving its bucket waits in the due
+    /// lane (`[placement] due_within`).
+    pub due_within: Duration,
 }
 
 impl Rules {
@@ -118,7 +138,15 @@ impl Rules {
             queue_type: QueueType::Classic,
             allow: None,
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
+            due_within: placement::DEFAULT_DUE_WITHIN,
         }
+    }
+
+    /// The same rules sorting what is due within `due_within` of leaving its
+    /// bucket into the due lane.
+    pub fn with_due_within(mut self, due_within: Duration) -> Self {
+        self.due_within = due_within;
+        self
     }
 
     /// The same rules keeping tombstones for `keep`.
@@ -157,6 +185,7 @@ impl Rules {
         .with_queue_type(config.queue_type)
         .with_allow_list(config.allow_destinations.clone())
         .with_cancel_keep(config.cancel_keep)
+        .with_due_within(config.due_within)
     }
 
     /// What these rules declare.
@@ -197,7 +226,7 @@ impl Rules {
                     self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
                 }
             },
-            Source::Expired => {
+            Source::Expired | Source::Due => {
                 let action = if cx.cancelled {
                     cancelled(props, cx.now_ms)
                 } else {
@@ -282,6 +311,7 @@ impl Rules {
                 let o = Overrides {
                     expiration,
                     priority,
+                    due_lane: placement::due_lane(remaining, rung.ttl, self.due_within),
                 };
                 let properties = if entering {
                     envelope::enter_transit(p, &transit, o)

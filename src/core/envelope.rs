@@ -8,8 +8,9 @@
 //! kept in [`SAVED_PROPERTIES`] and [`SAVED_HEADERS`] and put back on delivery.
 
 use crate::core::contract::{
-    DEATH_HEADERS, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT_DEADLINE,
-    TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_ROUTING_KEY, integer, short_string,
+    DEATH_HEADERS, DUE_LANE, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT_DEADLINE,
+    TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_LANE, TRANSIT_ROUTING_KEY, integer,
+    short_string,
 };
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -111,13 +112,15 @@ pub(crate) fn rebuild_as(
     out
 }
 
-/// What a placement strategy sets on a message in a bucket besides the transit headers.
+/// What a placement sets on a message in a bucket besides where it goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// Per-message TTL.
     pub expiration: Option<std::time::Duration>,
     /// Message priority in a priority bucket.
     pub priority: Option<u8>,
+    /// Due soon after the bucket expires it: sorted into the due lane.
+    pub due_lane: bool,
 }
 
 impl Overrides {
@@ -127,7 +130,7 @@ impl Overrides {
     }
 }
 
-fn put_transit(h: &mut Headers, t: &Transit) {
+fn put_transit(h: &mut Headers, t: &Transit, o: Overrides) {
     h.insert(
         TRANSIT_EXCHANGE.into(),
         AMQPValue::LongString(t.destination.exchange.as_str().into()),
@@ -141,6 +144,11 @@ fn put_transit(h: &mut Headers, t: &Transit) {
         AMQPValue::LongLongInt(t.deadline_ms),
     );
     h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
+    if o.due_lane {
+        h.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
+    } else {
+        h.remove(TRANSIT_LANE);
+    }
 }
 
 fn remove_death(h: &mut Headers) {
@@ -201,7 +209,7 @@ pub fn enter_transit(p: &BasicProperties, transit: &Transit, o: Overrides) -> Ba
         h.insert(SAVED_HEADERS.into(), AMQPValue::FieldTable(saved));
     }
     save_properties(p, &mut h, o.priority.is_some());
-    put_transit(&mut h, transit);
+    put_transit(&mut h, transit, o);
     rebuild(
         p,
         Some(h),
@@ -251,7 +259,7 @@ pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
 pub fn next_hop(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicProperties {
     let mut h = headers_of(p);
     remove_death(&mut h);
-    put_transit(&mut h, transit);
+    put_transit(&mut h, transit, o);
     if o.priority.is_some() {
         let saved = match h.get(SAVED_PROPERTIES) {
             Some(AMQPValue::FieldTable(t)) => t.clone(),

@@ -94,8 +94,9 @@ pub struct Permissions {
 impl Permissions {
     /// What the router's user needs: configure and read on its own names
     /// (declare, bind, consume, get, delete retired buckets), write on the
-    /// queues it binds (`ingress`, `expired`, its presence queue), on the
-    /// presence exchange, on the default exchange (it places, parks and
+    /// queues it binds (`ingress`, `expired`, `due`, its presence queue), on
+    /// the exchanges it binds (`lanes`, to `expired`) or names as an
+    /// alternate exchange (`lanes.later`), on the presence exchange, on the default exchange (it places, parks and
     /// records state through it), and on the destinations
     /// the allow-list names. Without an allow-list the destinations are the
     /// operator's to list: the pattern then names [`UNLISTED_DESTINATIONS`].
@@ -103,7 +104,7 @@ impl Permissions {
         let own = format!("^{}\\.", glob_to_regex(&names.prefix));
         let mut write = vec![
             format!(
-                "{}\\.(ingress|expired|presence|presence\\..*)",
+                "{}\\.(ingress|expired|due|lanes|lanes\\.later|presence|presence\\..*)",
                 glob_to_regex(&names.prefix)
             ),
             "amq\\.default".to_owned(),
@@ -180,7 +181,7 @@ mod tests {
         assert_eq!(p.read, "^delay\\.");
         assert_eq!(
             p.write,
-            "^(delay\\.(ingress|expired|presence|presence\\..*)|amq\\.default|orders|billing\\..*)$"
+            "^(delay\\.(ingress|expired|due|lanes|lanes\\.later|presence|presence\\..*)|amq\\.default|orders|billing\\..*)$"
         );
         assert!(
             Permissions::router(&names, None)

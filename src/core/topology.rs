@@ -1,6 +1,7 @@
 //! Topology: the names and arguments of everything the router declares.
 //! Pure; `broker` does the declaring.
 
+use crate::core::contract::{DUE_LANE, TRANSIT_LANE};
 use crate::core::ladder::{Ladder, Rung};
 use crate::core::placement::{PRIORITY_LEVELS, PlacementStrategy};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -14,10 +15,22 @@ pub struct Names {
     pub router_exchange: ShortString,
     /// `<prefix>.ingress`: the router consumes what users published.
     pub ingress: ShortString,
-    /// `<prefix>.expired`: the exchange every bucket dead-letters to.
+    /// `<prefix>.expired`: the exchange every bucket dead-letters to (fanout),
+    /// bound to [`Names::lanes`].
     pub expired_exchange: ShortString,
-    /// `<prefix>.expired`: the queue the router consumes expired messages from.
+    /// `<prefix>.lanes`: sorts what the buckets expire into the lanes (a
+    /// headers exchange): what is due soon into [`Names::due`], the rest to
+    /// its alternate exchange [`Names::lanes_later`].
+    pub lanes: ShortString,
+    /// `<prefix>.lanes.later`: what [`Names::lanes`] does not sort into the
+    /// due lane (fanout, bound to [`Names::expired`]).
+    pub lanes_later: ShortString,
+    /// `<prefix>.expired`: the queue the router consumes expired messages
+    /// with time to spare from.
     pub expired: ShortString,
+    /// `<prefix>.due`: the due lane: expired messages due soon, which the
+    /// router serves first.
+    pub due: ShortString,
     /// `<prefix>.parked`: messages that cannot be placed or delivered.
     pub parked: ShortString,
     /// `<prefix>.state`: one message listing the bucket queues this prefix has
@@ -43,7 +56,10 @@ impl Names {
             router_exchange: n("router"),
             ingress: n("ingress"),
             expired_exchange: n("expired"),
+            lanes: n("lanes"),
+            lanes_later: n("lanes.later"),
             expired: n("expired"),
+            due: n("due"),
             parked: n("parked"),
             state: n("state"),
             presence: n("presence"),
@@ -51,20 +67,32 @@ impl Names {
         }
     }
 
-    /// The router's own queues: ingress, expired, parked, state and the
-    /// cancels stream.
-    pub fn own_queues(&self) -> [&ShortString; 5] {
+    /// The router's own queues: ingress, expired, due, parked, state and
+    /// the cancels stream.
+    pub fn own_queues(&self) -> [&ShortString; 6] {
         [
             &self.ingress,
             &self.expired,
+            &self.due,
             &self.parked,
             &self.state,
             &self.cancels,
         ]
     }
 
+    /// The router's own exchanges.
+    pub fn own_exchanges(&self) -> [&ShortString; 5] {
+        [
+            &self.router_exchange,
+            &self.expired_exchange,
+            &self.lanes,
+            &self.lanes_later,
+            &self.presence,
+        ]
+    }
+
     /// Whether `queue` is one of the router's own queues (ingress, expired,
-    /// parked, state, or a bucket of any strategy, retired ones included).
+    /// due, parked, state, or a bucket of any strategy, retired ones included).
     pub fn owns_queue(&self, queue: &str) -> bool {
         self.own_queues().iter().any(|q| q.as_str() == queue)
             || queue
@@ -109,7 +137,7 @@ impl Names {
 pub struct Topology {
     pub names: Names,
     pub queue_type: QueueType,
-    /// Ingress, expired, parked and state.
+    /// Ingress, expired, due, parked and state.
     pub own: Vec<(ShortString, FieldTable)>,
     pub buckets: Vec<(ShortString, FieldTable)>,
     /// The cancels stream and its arguments.
@@ -128,10 +156,16 @@ impl Topology {
             .buckets(strategy, ladder)
             .map(|(q, rung)| (q, bucket_arguments(names, strategy, queue_type, rung)))
             .collect();
-        let own = [&names.ingress, &names.expired, &names.parked, &names.state]
-            .into_iter()
-            .map(|q| (q.clone(), own_queue_arguments(names, queue_type, q)))
-            .collect();
+        let own = [
+            &names.ingress,
+            &names.expired,
+            &names.due,
+            &names.parked,
+            &names.state,
+        ]
+        .into_iter()
+        .map(|q| (q.clone(), own_queue_arguments(names, queue_type, q)))
+        .collect();
         Self {
             names: names.clone(),
             queue_type,
@@ -264,7 +298,7 @@ pub fn queue_arguments(queue_type: QueueType) -> FieldTable {
     args
 }
 
-/// Deliveries of one message a quorum ingress or expired queue allows before
+/// Deliveries of one message a quorum ingress, expired or due queue allows before
 /// it dead-letters it into the park: RabbitMQ 4's default, made explicit so
 /// that 3.x behaves the same. A message redelivered this often (a router
 /// crashing on it again and again) is parked with `x-death` reason
@@ -276,7 +310,7 @@ pub const DELIVERY_LIMIT: i64 = 20;
 pub const NO_DELIVERY_LIMIT: i64 = 1_000_000;
 
 /// Arguments of the router's own queues (not the buckets). What expires in
-/// ingress, or is delivered too often there or in expired (quorum), is
+/// ingress, or is delivered too often there or in expired or due (quorum), is
 /// dead-lettered into the park, never dropped.
 pub fn own_queue_arguments(
     names: &Names,
@@ -284,7 +318,7 @@ pub fn own_queue_arguments(
     queue: &ShortString,
 ) -> FieldTable {
     let mut args = queue_arguments(queue_type);
-    let to_park = queue == &names.ingress || queue == &names.expired;
+    let to_park = queue == &names.ingress || queue == &names.expired || queue == &names.due;
     if to_park && (queue == &names.ingress || queue_type == QueueType::Quorum) {
         args.insert(
             "x-dead-letter-exchange".into(),
@@ -303,6 +337,27 @@ pub fn own_queue_arguments(
         };
         args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
     }
+    args
+}
+
+/// Arguments of [`Names::lanes`]: what no binding takes goes on to
+/// [`Names::lanes_later`], so a message without the lane header (placed by
+/// an earlier version, or by hand) is never dropped.
+pub fn lanes_arguments(names: &Names) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "alternate-exchange".into(),
+        AMQPValue::LongString(names.lanes_later.as_str().into()),
+    );
+    args
+}
+
+/// The binding of [`Names::due`] to [`Names::lanes`]: messages whose lane
+/// header says [`DUE_LANE`].
+pub fn due_binding() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-match".into(), AMQPValue::LongString("all".into()));
+    args.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
     args
 }
 
@@ -391,7 +446,7 @@ mod tests {
         let limit = |a: &FieldTable| a.inner().get("x-delivery-limit").cloned();
         let dlx = |a: &FieldTable| a.inner().get("x-dead-letter-routing-key").cloned();
         let park = Some(AMQPValue::LongString("p.parked".into()));
-        for q in [&names.ingress, &names.expired] {
+        for q in [&names.ingress, &names.expired, &names.due] {
             let quorum = args(q, QueueType::Quorum);
             assert_eq!(limit(&quorum), Some(AMQPValue::LongLongInt(DELIVERY_LIMIT)));
             assert_eq!(dlx(&quorum), park);

@@ -4,6 +4,7 @@
 
 use lapin::BasicProperties;
 use lapin::protocol::basic::gen_properties;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 /// RabbitMQ's default `frame_max`, used until a connection says otherwise.
 pub const DEFAULT_FRAME_MAX: u32 = 131_072;
@@ -18,9 +19,74 @@ pub fn encode_properties(p: &BasicProperties) -> Option<Vec<u8>> {
     cookie_factory::gen_simple(gen_properties(p), Vec::new()).ok()
 }
 
-/// The size of the content-header frame that carries `p`.
+/// The size of the content-header frame that carries `p`; `None` when a
+/// short string is longer than AMQP allows (255 bytes).
 pub fn header_frame_len(p: &BasicProperties) -> Option<usize> {
-    encode_properties(p).map(|b| b.len() + HEADER_FRAME_OVERHEAD)
+    encoded_len(p).map(|len| len + HEADER_FRAME_OVERHEAD)
+}
+
+/// The length of [`encode_properties`]' output, counted without encoding
+/// (every decision checks the frame limit; encoding allocated and copied
+/// the whole header table each time).
+pub fn encoded_len(p: &BasicProperties) -> Option<usize> {
+    let short = |s: &Option<ShortString>| match s {
+        None => Some(0),
+        Some(s) => short_len(s.as_str()),
+    };
+    let fixed = |present: bool, len: usize| if present { len } else { 0 };
+    let headers = match p.headers() {
+        None => 0,
+        Some(h) => table_len(h)?,
+    };
+    let strings = [
+        short(p.content_type())?,
+        short(p.content_encoding())?,
+        short(p.correlation_id())?,
+        short(p.reply_to())?,
+        short(p.expiration())?,
+        short(p.message_id())?,
+        short(p.kind())?,
+        short(p.user_id())?,
+        short(p.app_id())?,
+        short(p.cluster_id())?,
+    ];
+    Some(
+        2 + headers
+            + strings.iter().sum::<usize>()
+            + fixed(p.delivery_mode().is_some(), 1)
+            + fixed(p.priority().is_some(), 1)
+            + fixed(p.timestamp().is_some(), 8),
+    )
+}
+
+fn short_len(s: &str) -> Option<usize> {
+    (s.len() <= usize::from(u8::MAX)).then_some(1 + s.len())
+}
+
+fn table_len(t: &FieldTable) -> Option<usize> {
+    t.inner().iter().try_fold(4, |len, (k, v)| {
+        Some(len + short_len(k.as_str())? + 1 + value_len(v)?)
+    })
+}
+
+/// The encoded length of a value, its type byte excluded.
+fn value_len(v: &AMQPValue) -> Option<usize> {
+    Some(match v {
+        AMQPValue::Void => 0,
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::ShortString(s) => short_len(s.as_str())?,
+        AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
+        AMQPValue::ByteArray(a) => 4 + a.as_slice().len(),
+        AMQPValue::FieldArray(a) => a
+            .as_slice()
+            .iter()
+            .try_fold(4, |len, v| Some(len + 1 + value_len(v)?))?,
+        AMQPValue::FieldTable(t) => table_len(t)?,
+    })
 }
 
 /// Whether `p` fits in one content-header frame under `frame_max` (AMQP does
@@ -134,6 +200,29 @@ mod tests {
             encode_properties(&with_pad(10)).unwrap().len(),
             2 + 4 + 4 + 1 + 4 + 10
         );
+    }
+
+    proptest::proptest! {
+        /// The counted length is the encoded one, for any properties.
+        #[test]
+        fn the_counted_length_is_the_encoded_one(
+            p in crate::testkit::arbitrary::properties(),
+            timestamp in proptest::option::of(proptest::prelude::any::<u64>()),
+            id in proptest::option::of("[a-z0-9-]{0,40}"),
+            kind in proptest::option::of("[a-z/.]{0,20}"),
+        ) {
+            let mut p = p;
+            if let Some(t) = timestamp {
+                p = p.with_timestamp(t);
+            }
+            if let Some(id) = id {
+                p = p.with_message_id(id.as_str().into()).with_app_id("app".into());
+            }
+            if let Some(kind) = kind {
+                p = p.with_type(kind.as_str().into()).with_content_type(kind.as_str().into());
+            }
+            proptest::prop_assert_eq!(encoded_len(&p), encode_properties(&p).map(|b| b.len()));
+        }
     }
 
     #[test]

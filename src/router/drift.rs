@@ -33,11 +33,7 @@ pub async fn survey(
     let mut prober = Prober::new(conn);
     let mut gone = Vec::new();
     let found = async {
-        for exchange in [
-            &names.router_exchange,
-            &names.expired_exchange,
-            &names.presence,
-        ] {
+        for exchange in names.own_exchanges() {
             if !prober.exchange(exchange).await? {
                 gone.push(format!("exchange {exchange}"));
             }
@@ -69,6 +65,8 @@ fn record_depth(stats: &Stats, names: &Names, queue: &ShortString, messages: u32
         "ingress"
     } else if queue == &names.expired {
         "expired"
+    } else if queue == &names.due {
+        "due"
     } else if queue == &names.parked {
         "parked"
     } else if queue == &names.state || queue == &names.cancels {

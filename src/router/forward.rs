@@ -15,12 +15,12 @@
 
 use super::SessionError;
 use super::destinations::Destinations;
-use super::gate::PublishGate;
+use super::gate::{DueFirst, PublishGate};
 use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::BrokerError;
 use crate::broker::publish::{Message, Outcome, Publisher};
-use crate::core::decision::{Action, Plan, Rules};
+use crate::core::decision::{Action, Plan, Rules, Source};
 use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
 use lapin::Connection;
@@ -73,6 +73,10 @@ pub struct Forwarder {
     pub stats: Arc<Stats>,
     /// Publishes unconfirmed at once, sized from confirm latency.
     pub gate: PublishGate,
+    /// The queue this pipeline consumes.
+    pub source: Source,
+    /// The due lane before the expired queue (one per session).
+    pub due_first: Arc<DueFirst>,
     /// Cancelled when the session ends on a fault: nothing more is published.
     pub abandoned: CancellationToken,
     /// Deliveries held now (see [`Forwarder::hold`]).
@@ -153,6 +157,11 @@ impl Forwarder {
                 routing_key: &routing_key,
                 properties: pending.plan.action.properties(),
                 data: &pending.data,
+            };
+            let _due = (self.source == Source::Due).then(|| self.due_first.due());
+            let _later = match self.source {
+                Source::Expired => self.due_first.later().await,
+                Source::Ingress | Source::Due => None,
             };
             let entry = self.gate.enter().await;
             if self.abandoned.is_cancelled() {

@@ -1,4 +1,4 @@
-//! A pipeline: consumes one of the router's queues (ingress or expired),
+//! A pipeline: consumes one of the router's queues (ingress, due or expired),
 //! asks the core for each delivery's [`Plan`](crate::core::decision::Plan)
 //! and hands it to [`forward`](super::forward), which runs concurrently
 //! (bounded by the prefetch window). Source deliveries are acked by the
@@ -6,7 +6,7 @@
 
 use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
-use super::gate::PublishGate;
+use super::gate::{DueFirst, PublishGate};
 use super::health::Health;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
@@ -40,6 +40,8 @@ pub struct Pipeline {
     pub tombstones: Arc<Tombstones>,
     pub prefetch: u16,
     pub inflight_bytes: u64,
+    /// The due lane before the expired queue (shared by the session's pipelines).
+    pub due_first: Arc<DueFirst>,
 }
 
 impl Pipeline {
@@ -51,10 +53,7 @@ impl Pipeline {
     }
 
     async fn consume(&self, stop: CancellationToken) -> Result<(), SessionError> {
-        let queue = match self.source {
-            Source::Ingress => self.rules.names.ingress.clone(),
-            Source::Expired => self.rules.names.expired.clone(),
-        };
+        let queue = self.source.queue(&self.rules.names).clone();
         let consume_ch = broker::channel(&self.conn).await?;
         let lanes = Arc::new(Lanes::open(self.publish_conn.clone()).await?);
         // One consumer at a time takes new deliveries; after a resize of the
@@ -92,6 +91,8 @@ impl Pipeline {
             settler,
             stats: self.stats.clone(),
             gate: PublishGate::new(self.prefetch, self.stats.clone()),
+            source: self.source,
+            due_first: self.due_first.clone(),
             abandoned: abandoned.clone(),
             holding: Default::default(),
         });
@@ -189,7 +190,10 @@ impl Pipeline {
                 self.stats.record_received();
                 false
             }
-            Source::Expired => {
+            Source::Expired | Source::Due => {
+                if self.source == Source::Due {
+                    self.stats.record_due();
+                }
                 !self.tombstones.is_empty()
                     && delivery
                         .properties

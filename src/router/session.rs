@@ -181,6 +181,7 @@ pub async fn run(
         .health
         .set_reason("reading the cancels stream before consuming");
     let mut pipelines = Vec::new();
+    let due_first = Arc::new(super::gate::DueFirst::default());
     // Ok(true): read to the end; Ok(false): the session ends anyway.
     let read = tokio::select! {
         read = tokio::time::timeout(tombstones::CATCH_UP_TIMEOUT, read_all) => match read {
@@ -194,7 +195,7 @@ pub async fn run(
     };
     match read {
         Ok(true) => {
-            for source in [Source::Ingress, Source::Expired] {
+            for source in Source::ALL {
                 let p = Pipeline {
                     source,
                     rules: rules.clone(),
@@ -207,6 +208,7 @@ pub async fn run(
                     tombstones: shared.tombstones.clone(),
                     prefetch: config.prefetch,
                     inflight_bytes: config.inflight_bytes,
+                    due_first: due_first.clone(),
                 };
                 let stop = stop.clone();
                 pipelines.push(tokio::spawn(

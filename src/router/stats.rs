@@ -79,6 +79,7 @@ struct VersionLabel {
 pub struct Stats {
     registry: Registry,
     received: Counter,
+    due: Counter,
     placed: Counter,
     delivered: Counter,
     held: Counter,
@@ -115,6 +116,8 @@ impl Default for Stats {
 pub struct Snapshot {
     /// Messages taken from ingress.
     pub received: u64,
+    /// Messages taken from the due lane.
+    pub due: u64,
     /// Bucket placements (hops), every strategy.
     pub placed: u64,
     /// Messages delivered to their destination.
@@ -142,6 +145,7 @@ impl Stats {
         let s = Self {
             registry: Registry::default(),
             received: Counter::default(),
+            due: Counter::default(),
             placed: Counter::default(),
             delivered: Counter::default(),
             held: Counter::default(),
@@ -179,6 +183,11 @@ impl Stats {
             "delay_router_messages_received",
             "Messages taken from ingress (published to the router exchange or rejected by a work queue)",
             self.received.clone(),
+        );
+        r.register(
+            "delay_router_due_lane_messages",
+            "Messages taken from the due lane (due soon after their bucket expired them)",
+            self.due.clone(),
         );
         r.register(
             "delay_router_messages_placed",
@@ -397,6 +406,11 @@ impl Stats {
         self.received.inc();
     }
 
+    /// Counts a message taken from the due lane.
+    pub fn record_due(&self) {
+        self.due.inc();
+    }
+
     /// Counts a retry scheduled by `policy`.
     pub fn record_retry(&self, policy: &str) {
         self.retries
@@ -506,6 +520,7 @@ impl Stats {
         };
         Snapshot {
             received: self.received.get(),
+            due: self.due.get(),
             placed: self.placed.get(),
             delivered: self.delivered.get(),
             held: self.held.get(),
@@ -530,6 +545,7 @@ pub async fn log_every(stats: Arc<Stats>, stop: CancellationToken) {
         if now != last {
             info!(
                 received = now.received,
+                due_lane = now.due,
                 placed = now.placed,
                 delivered = now.delivered,
                 held = now.held,

@@ -2,7 +2,7 @@
 //! every AMQP type, whole property sets.
 
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, LongString};
+use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable, LongString};
 use proptest::prelude::*;
 
 /// Header names the router reads, plus arbitrary ones.
@@ -45,6 +45,9 @@ pub fn leaf() -> impl Strategy<Value = AMQPValue> {
         "(-?[0-9]{1,25}|[0-9]{1,6} ?(ms|s|m|h|d|us|ns)|soon|)"
             .prop_map(|s| AMQPValue::LongString(LongString::from(s))),
         any::<u64>().prop_map(AMQPValue::Timestamp),
+        "[a-z0-9.]{0,30}".prop_map(|s| AMQPValue::ShortString(s.as_str().into())),
+        prop::collection::vec(any::<u8>(), 0..40)
+            .prop_map(|b| AMQPValue::ByteArray(ByteArray::from(b))),
         Just(AMQPValue::Void),
     ]
 }

@@ -7,3 +7,4 @@ pub mod arbitrary;
 pub mod consume;
 pub mod props;
 pub mod rules;
+pub mod teardown;

@@ -192,11 +192,7 @@ impl Harness {
             .unwrap();
         let mut queues = every_bucket(&config);
         queues.extend(names.own_queues().map(|q| q.to_string()));
-        let exchanges = vec![
-            names.router_exchange.to_string(),
-            names.expired_exchange.to_string(),
-            names.presence.to_string(),
-        ];
+        let exchanges = names.own_exchanges().map(|e| e.to_string()).to_vec();
         Self {
             prefix,
             config,
@@ -226,13 +222,14 @@ impl Harness {
         self.wait_consumers().await;
     }
 
-    /// Waits until a router (in-process or the binary) consumes both its queues.
+    /// Waits until a router (in-process or the binary) consumes all its queues.
     pub async fn wait_consumers(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let a = self.consumers(self.names.ingress.as_str()).await;
             let b = self.consumers(self.names.expired.as_str()).await;
-            if a >= 1 && b >= 1 {
+            let c = self.consumers(self.names.due.as_str()).await;
+            if a >= 1 && b >= 1 && c >= 1 {
                 return;
             }
             assert!(Instant::now() < deadline, "router did not start consuming");

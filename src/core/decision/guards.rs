@@ -20,7 +20,11 @@ impl Rules {
         if exchange == names.router_exchange.as_str() {
             return Err(ParkReason::DestinationIsRouter(exchange.to_owned()));
         }
-        if exchange == names.expired_exchange.as_str() || exchange == names.presence.as_str() {
+        if names
+            .own_exchanges()
+            .iter()
+            .any(|own| own.as_str() == exchange)
+        {
             return Err(ParkReason::OwnDestination {
                 kind: "exchange",
                 name: exchange.to_owned(),

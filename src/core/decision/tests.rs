@@ -267,3 +267,56 @@ fn expired_without_transit_headers_is_parked() {
         }
     ));
 }
+
+/// Under cascade a message waits in the due lane exactly when it will have
+/// less than `due_within` left once its bucket expires it, and a later hop
+/// out of the due lane drops the lane header again when it has more.
+#[test]
+fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
+    use crate::core::contract::{DUE_LANE, TRANSIT_LANE};
+    let rules = rules_for(PlacementStrategy::Cascade).with_due_within(Duration::from_secs(1));
+    let lane = |p: &BasicProperties| {
+        p.headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(TRANSIT_LANE).cloned())
+    };
+    let due = Some(AMQPValue::LongString(DUE_LANE.into()));
+    for (delay_ms, ttl_s, due_lane) in [
+        (5_500, 5, true),   // 0.5 s left after the 5s bucket
+        (6_000, 5, false),  // 1 s left: not within 1 s
+        (12_000, 5, false), // 7 s left
+        (1_800, 1, true),   // 0.8 s left after the 1s bucket
+    ] {
+        let p = props(&[
+            ("x-requested-delay", AMQPValue::LongLongInt(delay_ms)),
+            (ORIGINAL_EXCHANGE, s("orders")),
+        ]);
+        let Action::Wait {
+            ttl, properties, ..
+        } = rules.on_ingress(&"eu".into(), &p, NOW, 0.0)
+        else {
+            panic!("{delay_ms} ms waits in a bucket")
+        };
+        assert_eq!(ttl, Duration::from_secs(ttl_s), "{delay_ms}");
+        assert_eq!(
+            lane(&properties),
+            due_lane.then(|| due.clone()).flatten(),
+            "{delay_ms}"
+        );
+    }
+    // In the due lane, then out of a bucket with more time left than the
+    // lane's bound (the clock stepped back 10 s): the 5s bucket, 6.9 s left
+    // after it, and the lane header goes.
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongLongInt(1_900)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let Action::Wait { properties, .. } = rules.on_ingress(&"eu".into(), &p, NOW, 0.0) else {
+        panic!("waits")
+    };
+    assert_eq!(lane(&properties), due);
+    let Action::Wait { properties, .. } = rules.on_expired(&properties, NOW - 10_000) else {
+        panic!("waits again")
+    };
+    assert_eq!(lane(&properties), None);
+}

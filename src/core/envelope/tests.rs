@@ -67,6 +67,7 @@ fn strategy_overrides_are_undone_on_delivery() {
     let o = Overrides {
         expiration: Some(std::time::Duration::from_millis(1500)),
         priority: Some(9),
+        due_lane: true,
     };
     for original in [
         sent(),

@@ -1,0 +1,183 @@
+//! The lanes: what a bucket expires reaches the router through `<prefix>.lanes`,
+//! which sorts a message due soon after its bucket into `<prefix>.due` and
+//! passes the rest to `<prefix>.expired`. Checked on the broker itself (the
+//! dead-lettering, the exchange-to-exchange binding, the headers match and
+//! the alternate exchange) with classic and with quorum buckets, and over
+//! the topology an earlier version declared.
+
+mod common;
+use common::*;
+use delay_router::core::decision::{Action, Rules};
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, QueueBindOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use std::time::Duration;
+
+const QUORUM: &str = "[topology]\nqueue_type = \"quorum\"\n";
+/// A short due lane, so that a test ladder has messages on both sides of it.
+const DUE_WITHIN: &str = "[placement]\ndue_within = \"1s\"\n";
+
+fn delayed(ms: i64, to: &str) -> BasicProperties {
+    let mut h = FieldTable::default();
+    h.insert(
+        "x-requested-delay".into(),
+        AMQPValue::LongString(LongString::from(ms.to_string())),
+    );
+    h.insert(
+        "x-original-exchange".into(),
+        AMQPValue::LongString(LongString::from("")),
+    );
+    h.insert(
+        "x-original-routing-key".into(),
+        AMQPValue::LongString(LongString::from(to)),
+    );
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(h)
+}
+
+/// Where the core places a message of `ms` at ingress: the bucket and the
+/// properties it waits there with.
+fn placement(rules: &Rules, ms: i64) -> (ShortString, BasicProperties) {
+    match rules.on_ingress(&"k".into(), &delayed(ms, "nowhere"), 0, 0.0) {
+        Action::Wait {
+            queue, properties, ..
+        } => (queue, properties),
+        other => panic!("{ms} ms waits in a bucket, not {other:?}"),
+    }
+}
+
+/// Places messages in their buckets as the router would (no router runs),
+/// waits for the buckets to expire them, and counts where they arrived.
+async fn sorted_by_the_broker(extra: &str) {
+    let h = Harness::new(&["1s", "2s"], &format!("{extra}{DUE_WITHIN}")).await;
+    let rules = Rules::from_config(&h.config);
+    delay_router::broker::declare::declare(&h.conn, &rules.topology())
+        .await
+        .unwrap();
+    // 1.2 s: the 1s bucket, 0.2 s left after it; 4.5 s: the 2s bucket, 2.5 s left.
+    let (soon_bucket, soon) = placement(&rules, 1200);
+    let (later_bucket, later) = placement(&rules, 4500);
+    assert_ne!(soon_bucket, later_bucket);
+    for (bucket, props, n) in [(&soon_bucket, &soon, 3), (&later_bucket, &later, 2)] {
+        for _ in 0..n {
+            let confirm =
+                h.ch.basic_publish(
+                    "".into(),
+                    bucket.clone(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    b"m",
+                    props.clone(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            assert_eq!(confirm, lapin::Confirmation::Ack(None), "into {bucket}");
+        }
+    }
+    h.wait_depth(h.names.due.as_str(), 3).await;
+    h.wait_depth(h.names.expired.as_str(), 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(h.depth(h.names.due.as_str()).await, 3);
+    assert_eq!(h.depth(h.names.expired.as_str()).await, 2);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_classic_bucket_sorts_what_is_due_soon_into_the_due_lane() {
+    sorted_by_the_broker("").await;
+}
+
+#[tokio::test]
+async fn a_quorum_bucket_sorts_what_is_due_soon_into_the_due_lane() {
+    sorted_by_the_broker(QUORUM).await;
+}
+
+/// A prefix an earlier version declared has the expired queue bound to the
+/// expired exchange directly. Declaring it anew removes that binding: a due
+/// message then reaches the due lane only, and one without the lane header
+/// (placed by the earlier version) still reaches the expired queue.
+#[tokio::test]
+async fn declaring_over_an_earlier_topology_leaves_one_way_to_each_lane() {
+    let h = Harness::new(&["1s"], "").await;
+    let rules = Rules::from_config(&h.config);
+    let topology = rules.topology();
+    delay_router::broker::declare::declare(&h.conn, &topology)
+        .await
+        .unwrap();
+    // As the earlier version bound it.
+    h.ch.queue_bind(
+        h.names.expired.clone(),
+        h.names.expired_exchange.clone(),
+        "".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    delay_router::broker::declare::declare(&h.conn, &topology)
+        .await
+        .unwrap();
+    let mut due = FieldTable::default();
+    due.insert(
+        delay_router::core::contract::TRANSIT_LANE.into(),
+        AMQPValue::LongString("due".into()),
+    );
+    for props in [
+        BasicProperties::default().with_headers(due),
+        BasicProperties::default(),
+    ] {
+        let confirm =
+            h.ch.basic_publish(
+                h.names.expired_exchange.clone(),
+                "".into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                b"m",
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    }
+    h.wait_depth(h.names.due.as_str(), 1).await;
+    h.wait_depth(h.names.expired.as_str(), 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.depth(h.names.due.as_str()).await, 1);
+    assert_eq!(h.depth(h.names.expired.as_str()).await, 1);
+    h.cleanup().await;
+}
+
+/// The router consumes the due lane too: a message due soon after its
+/// bucket arrives on time through it, with none of the router's headers.
+#[tokio::test]
+async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers() {
+    let mut h = Harness::new(&["1s", "2s"], DUE_WITHIN).await;
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    let sent = std::time::Instant::now();
+    // The 2s bucket with 2.6 s left after it, then the 2s bucket with 0.6 s
+    // left (the due lane), then 0.6 s the router times itself.
+    h.publish("k", to_queue(&q, AMQPValue::LongLongInt(4600)), b"due")
+        .await;
+    let got = h.receive(&q, 1, Duration::from_secs(15)).await;
+    assert!(got[0].0 - sent >= Duration::from_millis(4600), "early");
+    let headers = got[0].1.properties.headers().clone().unwrap_or_default();
+    assert!(
+        headers
+            .inner()
+            .keys()
+            .all(|k| !k.as_str().contains("delay-router")),
+        "{headers:?}"
+    );
+    assert_eq!(h.stats.snapshot().due, 1, "through the due lane once");
+    h.cleanup().await;
+}
