@@ -76,6 +76,73 @@ async fn cascade_delivers_within_milliseconds_and_never_early() {
     h.cleanup().await;
 }
 
+/// Several whole laps of a rung wait in that rung's chain: the broker moves
+/// the message from lap to lap, the router places it once.
+#[tokio::test]
+async fn cascade_waits_several_laps_of_a_rung_in_its_chain_placed_once() {
+    several_laps_in_a_chain("classic").await;
+}
+
+/// The same with quorum buckets, which dead-letter from lap to lap at least once.
+#[tokio::test]
+async fn quorum_chains_move_a_message_from_lap_to_lap() {
+    several_laps_in_a_chain("quorum").await;
+}
+
+async fn several_laps_in_a_chain(queue_type: &str) {
+    let port = free_port();
+    let extra = format!(
+        "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\n"
+    );
+    let mut h = Harness::new(&["1s", "4s"], &extra).await;
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    let chain = |rung: &str, laps: u32| format!("{}.bucket.{rung}.x{laps}", h.prefix);
+    // 1s fits three times below 4s; the top rung chains up to five laps.
+    for (rung, laps) in [("1s", 2), ("1s", 3), ("4s", 2), ("4s", 5)] {
+        assert!(h.exists(&chain(rung, laps)).await, "{}", chain(rung, laps));
+    }
+    assert!(!h.exists(&chain("1s", 4)).await);
+    // 3.5 s: three laps of 1s (one placement), then 500 ms the router times.
+    // 9.3 s: two laps of 4s (one placement), then 1.3 s the router times.
+    let delays = [3_500, 9_300];
+    let sent = send(&h, &q, &delays).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        h.depth(&chain("1s", 3)).await,
+        1,
+        "3.5 s waits in the 1s chain"
+    );
+    assert_eq!(
+        h.depth(&chain("4s", 2)).await,
+        1,
+        "9.3 s waits in the 4s chain"
+    );
+    let got = h.receive(&q, 2, Duration::from_secs(30)).await;
+    for (at, d) in &got {
+        let i = id(d);
+        let (t0, delay) = sent[&i];
+        let waited = *at - t0;
+        let delay = Duration::from_millis(delay);
+        assert!(waited >= delay, "message {i} early: {waited:?} < {delay:?}");
+        // Expected a few ms; the margin is for shared CI machines.
+        assert!(
+            waited - delay < Duration::from_millis(900),
+            "message {i} late by {:?}",
+            waited - delay
+        );
+        assert_eq!(header(d, "x-death"), None, "the chain's x-death leaked");
+        assert_eq!(header(d, "x-first-death-queue"), None);
+    }
+    // One placement each; without chains three (1s, 1s, 1s) and two (4s, 4s).
+    let s = scrape(port).await;
+    assert_eq!(
+        sample(&s, "delay_router_messages_placed_total", &[]),
+        Some(2.0)
+    );
+    h.cleanup().await;
+}
+
 #[tokio::test]
 async fn priority_is_never_early_and_late_by_at_most_its_bucket() {
     let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"priority\"").await;

@@ -306,12 +306,18 @@ impl Rules {
                 expiration,
                 priority,
             }) => {
-                transit.hops += 1;
+                // Cascade: every whole lap of the rung in one placement.
+                let laps = match self.strategy {
+                    PlacementStrategy::Cascade => placement::laps(&self.ladder, rung, remaining),
+                    PlacementStrategy::RoundUp | PlacementStrategy::Priority => 1,
+                };
+                transit.hops += i64::from(laps);
                 let rung = &self.ladder.rungs()[rung];
+                let ttl = rung.ttl * laps;
                 let o = Overrides {
                     expiration,
                     priority,
-                    due_lane: placement::due_lane(remaining, rung.ttl, self.due_within),
+                    due_lane: placement::due_lane(remaining, ttl, self.due_within),
                 };
                 let properties = if entering {
                     envelope::enter_transit(p, &transit, o)
@@ -319,8 +325,8 @@ impl Rules {
                     envelope::next_hop(p, &transit, o)
                 };
                 Action::Wait {
-                    queue: self.names.bucket(self.strategy, rung),
-                    ttl: rung.ttl,
+                    queue: self.names.lap(self.strategy, rung, laps),
+                    ttl,
                     properties,
                 }
             }

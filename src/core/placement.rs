@@ -97,6 +97,51 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
     Ladder::new(rungs).expect("finer rungs keep the ladder valid")
 }
 
+/// Most laps of one rung a message makes in a single placement (a chain).
+///
+/// A message with several multiples of a rung to wait (twenty minutes on
+/// the shipped ladder: four of `5m`) goes into a chain of that rung's
+/// buckets, `<bucket>.x4` → `.x3` → `.x2` → the bucket, each dead-lettering
+/// straight into the next: the broker moves it three times, the router
+/// once, where the router would otherwise take and place it four times.
+/// Five: enough for every rung of the shipped ladder below the top (`1m`
+/// needs four, `5m` five), and five days on the top rung, inside the
+/// default tombstone life a cancel needs (`[cancel] keep`, 7 days).
+pub const MAX_LAPS: u32 = 5;
+
+/// How many laps rung `rung` of a cascade's effective ladder chains: as
+/// many of it as fit below the next rung up (on the top rung, [`MAX_LAPS`]),
+/// at least one, at most [`MAX_LAPS`].
+pub fn max_laps(ladder: &Ladder, rung: usize) -> u32 {
+    let rungs = ladder.rungs();
+    let ttl = rungs[rung].ttl.as_millis().max(1);
+    match rungs.get(rung + 1) {
+        Some(next) => {
+            // Whole laps that fit below the next rung; a ratio within 1 % of
+            // a whole number counts as that number, so the router's halving
+            // rungs (937ms over 468ms) get no chain for an odd millisecond.
+            let ratio = next.ttl.as_secs_f64() / (ttl as f64 / 1000.0);
+            let whole = ratio.round();
+            let fit = if (ratio - whole).abs() <= ratio / 100.0 {
+                whole - 1.0
+            } else {
+                ratio.floor()
+            };
+            (fit.min(f64::from(MAX_LAPS)) as u32).clamp(1, MAX_LAPS)
+        }
+        None => MAX_LAPS,
+    }
+}
+
+/// How many laps of rung `rung` a message with `remaining` left makes in
+/// one placement: every whole multiple of the rung it still has, up to the
+/// rung's chain ([`max_laps`]); at least one.
+pub fn laps(ladder: &Ladder, rung: usize, remaining: Duration) -> u32 {
+    let ttl = ladder.rungs()[rung].ttl.as_millis().max(1);
+    let whole = u32::try_from(remaining.as_millis() / ttl).unwrap_or(u32::MAX);
+    whole.clamp(1, max_laps(ladder, rung))
+}
+
 /// Where a message waits next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -243,6 +288,34 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_holds_what_fits_below_the_next_rung_and_a_message_takes_every_whole_lap() {
+        let shipped = effective_ladder(
+            PlacementStrategy::Cascade,
+            &Ladder::from_labels(&["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"])
+                .unwrap(),
+        );
+        let chains: Vec<_> = shipped
+            .rungs()
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.label.as_str(), max_laps(&shipped, i)))
+            .filter(|(_, n)| *n > 1)
+            .collect();
+        assert_eq!(chains, [("1m", 4), ("5m", 5), ("1h", 2), ("24h", MAX_LAPS)]);
+        let five = shipped
+            .rungs()
+            .iter()
+            .position(|r| r.label == "5m")
+            .unwrap();
+        let m = |s: u64| Duration::from_secs(60 * s);
+        assert_eq!(laps(&shipped, five, m(5)), 1);
+        assert_eq!(laps(&shipped, five, m(29) + Duration::from_secs(59)), 5);
+        assert_eq!(laps(&shipped, five, m(12)), 2);
+        let top = shipped.rungs().len() - 1;
+        assert_eq!(laps(&shipped, top, m(60 * 24 * 30)), MAX_LAPS);
+    }
+
+    #[test]
     fn unknown_strategy_lists_the_known_ones() {
         let e = "fastest".parse::<PlacementStrategy>().unwrap_err();
         assert_eq!(
@@ -353,6 +426,13 @@ mod tests {
                         }
                         Placement::Bucket { rung, expiration, .. } => {
                             let ttl = eff.rungs()[rung].ttl;
+                            let ttl = if strategy == PlacementStrategy::Cascade {
+                                let n = laps(&eff, rung, left);
+                                prop_assert!(n >= 1 && n <= max_laps(&eff, rung));
+                                ttl * n
+                            } else {
+                                ttl
+                            };
                             expiration.map_or(ttl, |e| e.min(ttl))
                         }
                     };

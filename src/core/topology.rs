@@ -3,7 +3,7 @@
 
 use crate::core::contract::{DUE_LANE, TRANSIT_LANE};
 use crate::core::ladder::{Ladder, Rung};
-use crate::core::placement::{PRIORITY_LEVELS, PlacementStrategy};
+use crate::core::placement::{self, PRIORITY_LEVELS, PlacementStrategy};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use std::time::Duration;
 
@@ -118,16 +118,39 @@ impl Names {
         format!("{}.{kind}.{}", self.prefix, rung.label).into()
     }
 
-    /// Every bucket queue of a ladder, with its rung.
-    pub fn buckets<'a>(
-        &'a self,
+    /// The bucket a message making `laps` laps of `rung` enters: the bucket
+    /// itself for one, else `<bucket>.x<laps>`, the head of the rung's chain
+    /// (cascade; see [`placement::MAX_LAPS`](crate::core::placement::MAX_LAPS)).
+    pub fn lap(&self, strategy: PlacementStrategy, rung: &Rung, laps: u32) -> ShortString {
+        let bucket = self.bucket(strategy, rung);
+        match laps {
+            0 | 1 => bucket,
+            n => format!("{bucket}.x{n}").into(),
+        }
+    }
+
+    /// Every bucket queue of a strategy's effective ladder with its rung and
+    /// laps: each rung's bucket (one lap), then under cascade each rung's
+    /// chain (laps 2 up to [`placement::max_laps`]), every queue after the
+    /// one it dead-letters into.
+    pub fn bucket_queues<'a>(
+        &self,
         strategy: PlacementStrategy,
         ladder: &'a Ladder,
-    ) -> impl Iterator<Item = (ShortString, &'a Rung)> + 'a {
-        ladder
+    ) -> Vec<(ShortString, &'a Rung, u32)> {
+        let mut queues: Vec<_> = ladder
             .rungs()
             .iter()
-            .map(move |r| (self.bucket(strategy, r), r))
+            .map(|r| (self.bucket(strategy, r), r, 1))
+            .collect();
+        if strategy == PlacementStrategy::Cascade {
+            for (i, rung) in ladder.rungs().iter().enumerate() {
+                for laps in 2..=placement::max_laps(ladder, i) {
+                    queues.push((self.lap(strategy, rung, laps), rung, laps));
+                }
+            }
+        }
+        queues
     }
 }
 
@@ -139,6 +162,8 @@ pub struct Topology {
     pub queue_type: QueueType,
     /// Ingress, expired, due, parked and state.
     pub own: Vec<(ShortString, FieldTable)>,
+    /// The bucket of every rung, then (cascade) every rung's chain of laps,
+    /// each dead-lettering into the one before it (see [`Names::lap`]).
     pub buckets: Vec<(ShortString, FieldTable)>,
     /// The cancels stream and its arguments.
     pub cancels: (ShortString, FieldTable),
@@ -153,8 +178,24 @@ impl Topology {
         ladder: &Ladder,
     ) -> Self {
         let buckets = names
-            .buckets(strategy, ladder)
-            .map(|(q, rung)| (q, bucket_arguments(names, strategy, queue_type, rung)))
+            .bucket_queues(strategy, ladder)
+            .into_iter()
+            .map(|(q, rung, laps)| {
+                let mut args = bucket_arguments(names, strategy, queue_type, rung);
+                if laps > 1 {
+                    // The next lap down, through the default exchange.
+                    args.insert(
+                        "x-dead-letter-exchange".into(),
+                        AMQPValue::LongString("".into()),
+                    );
+                    let next = names.lap(strategy, rung, laps - 1);
+                    args.insert(
+                        "x-dead-letter-routing-key".into(),
+                        AMQPValue::LongString(next.as_str().into()),
+                    );
+                }
+                (q, args)
+            })
             .collect();
         let own = [
             &names.ingress,
@@ -366,6 +407,28 @@ pub fn ingress_arguments(names: &Names, queue_type: QueueType) -> FieldTable {
     own_queue_arguments(names, queue_type, &names.ingress)
 }
 
+/// A bucket's name split into its rung's bucket and its laps: `(b, n)` for
+/// `b.x<n>` (n ≥ 2), `(name, 1)` otherwise.
+fn lap_parts(name: &str) -> (&str, u32) {
+    match name.rsplit_once(".x") {
+        Some((base, digits)) => match digits.parse::<u32>() {
+            Ok(n) if n >= 2 && n.to_string() == digits => (base, n),
+            _ => (name, 1),
+        },
+        None => (name, 1),
+    }
+}
+
+/// Whether bucket `upstream` dead-letters, directly or down its chain, into
+/// bucket `downstream`: a later lap of the same rung's chain. A stale
+/// bucket is removed only once nothing upstream of it is left, or what
+/// still waits there would be dead-lettered into a queue that is gone.
+pub fn feeds_into(upstream: &str, downstream: &str) -> bool {
+    let (a, n) = lap_parts(upstream);
+    let (b, m) = lap_parts(downstream);
+    a == b && n > m
+}
+
 /// Bucket queues recorded in the state message that the current ladder no
 /// longer has: they keep dead-lettering into the router until empty, and are
 /// then deleted.
@@ -407,8 +470,9 @@ mod tests {
         let names = Names::new("p");
         let ladder = Ladder::from_labels(&["1s", "2s"]).unwrap();
         let current: Vec<_> = names
-            .buckets(PlacementStrategy::RoundUp, &ladder)
-            .map(|(q, _)| q)
+            .bucket_queues(PlacementStrategy::RoundUp, &ladder)
+            .into_iter()
+            .map(|(q, _, _)| q)
             .collect();
         let recorded = parse_state(
             "p",
@@ -419,6 +483,83 @@ mod tests {
             ["p.bucket.5s", "p.pbucket.1s"]
         );
         assert_eq!(parse_state("p", &render_state(&recorded)), recorded);
+    }
+
+    #[test]
+    fn cascade_chains_each_rung_into_its_bucket_and_the_janitor_knows_the_order() {
+        let names = Names::new("p");
+        let ladder = placement::effective_ladder(
+            PlacementStrategy::Cascade,
+            &Ladder::from_labels(&["1s", "3s", "10s"]).unwrap(),
+        );
+        let t = Topology::new(
+            &names,
+            PlacementStrategy::Cascade,
+            QueueType::Quorum,
+            &ladder,
+        );
+        let queues: Vec<_> = t.buckets.iter().map(|(q, _)| q.as_str()).collect();
+        // 500ms and 250ms below 1s; 3s fits twice below 10s; the top five times.
+        assert_eq!(
+            queues,
+            [
+                "p.bucket.250ms",
+                "p.bucket.500ms",
+                "p.bucket.1s",
+                "p.bucket.3s",
+                "p.bucket.10s",
+                "p.bucket.1s.x2",
+                "p.bucket.3s.x2",
+                "p.bucket.3s.x3",
+                "p.bucket.10s.x2",
+                "p.bucket.10s.x3",
+                "p.bucket.10s.x4",
+                "p.bucket.10s.x5",
+            ]
+        );
+        let args = |q: &str| {
+            t.buckets
+                .iter()
+                .find(|(n, _)| n.as_str() == q)
+                .unwrap()
+                .1
+                .clone()
+        };
+        let dlx = |q: &str| {
+            let a = args(q);
+            (
+                a.inner().get("x-dead-letter-exchange").cloned(),
+                a.inner().get("x-dead-letter-routing-key").cloned(),
+            )
+        };
+        let s = |v: &str| Some(AMQPValue::LongString(v.into()));
+        assert_eq!(dlx("p.bucket.3s.x3"), (s(""), s("p.bucket.3s.x2")));
+        assert_eq!(dlx("p.bucket.3s.x2"), (s(""), s("p.bucket.3s")));
+        assert_eq!(dlx("p.bucket.3s"), (s("p.expired"), None));
+        // A chain's queues are quorum buckets like the rest.
+        let x2 = args("p.bucket.3s.x2");
+        assert_eq!(
+            x2.inner().get("x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(3000))
+        );
+        assert_eq!(
+            x2.inner().get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-least-once".into()))
+        );
+        assert!(feeds_into("p.bucket.3s.x3", "p.bucket.3s.x2"));
+        assert!(feeds_into("p.bucket.3s.x2", "p.bucket.3s"));
+        assert!(!feeds_into("p.bucket.3s", "p.bucket.3s.x2"));
+        assert!(!feeds_into("p.bucket.3s.x2", "p.bucket.10s"));
+        assert!(!feeds_into("p.bucket.3s.x02", "p.bucket.3s"));
+        assert!(!feeds_into("p.bucket.3s.x1", "p.bucket.3s"));
+        // Other strategies have no chains.
+        let plain = Topology::new(
+            &names,
+            PlacementStrategy::RoundUp,
+            QueueType::Classic,
+            &ladder,
+        );
+        assert_eq!(plain.buckets.len(), ladder.rungs().len());
     }
 
     #[test]

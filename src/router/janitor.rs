@@ -6,7 +6,7 @@
 use crate::broker::publish::{Message, Outcome, confirm_channel, publish_once};
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, probe, timed};
 use crate::core::envelope::PERSISTENT;
-use crate::core::topology::{Topology, parse_state, render_state, stale_buckets};
+use crate::core::topology::{Topology, feeds_into, parse_state, render_state, stale_buckets};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Connection};
@@ -92,8 +92,11 @@ pub async fn sweep(
         let before = stale.len();
         let mut left = Vec::new();
         let used = in_use();
+        let pass = stale.clone();
         for q in stale {
-            if used.contains(&q) {
+            // In use, or a later lap of its chain still to go (it would
+            // dead-letter into nothing).
+            if used.contains(&q) || pass.iter().any(|up| feeds_into(up, &q)) {
                 left.push(q);
                 continue;
             }
