@@ -16,7 +16,7 @@
 //! memory; at the end: lateness p50/p90/p99/max and early deliveries of the
 //! bulk (and per 5-minute slice of due times), the probes' lateness while the
 //! bulk waited and while it drained, lost, duplicated and parked messages,
-//! bucket hops per message, the router's RSS (min/max after the publish, peak)
+//! router placements and buckets waited in per message, the router's RSS (min/max after the publish, peak)
 //! and CPU per message, and the broker's memory per waiting message
 //! (`erlang:memory(total)` just before the first is due, minus before the
 //! first publish, over the messages). The wait ends when every message has
@@ -377,6 +377,9 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     collector.abort();
     let (cpu1, peak_kib) = procfs::cpu_and_rss(pid);
     let placed = router.scrape("delay_router_messages_placed_total");
+    // Buckets waited in (each lap of a chain counts) per delivered message.
+    let waits = router.scrape("delay_router_delivery_hops_sum")
+        / router.scrape("delay_router_delivery_hops_count").max(1.0);
     let delivered = router.scrape("delay_router_messages_delivered_total");
     let parked = ch
         .queue_declare(
@@ -437,15 +440,15 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     );
     println!();
     println!(
-        "| published in | bulk lateness p50 | p90 | p99 | max | early | lost | duplicated | parked | probes p99 while waiting | while draining | hops/msg | router RSS after publish (min–max) | router peak RSS | router CPU/msg | broker memory per waiting message |"
+        "| published in | bulk lateness p50 | p90 | p99 | max | early | lost | duplicated | parked | probes p99 while waiting | while draining | placements/msg | bucket waits/msg | router RSS after publish (min–max) | router peak RSS | router CPU/msg | broker memory per waiting message |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let memory_per_msg = match (baseline_memory, waiting_memory) {
         (Some(b), Some(w)) => format!("{:.0} B", (w as f64 - b as f64) / n as f64),
         _ => "?".into(),
     };
     println!(
-        "| {:.0} s | {} | {} | {} | {} | {} | {lost} | {} | {parked} | {} ({} probes) | {} ({} probes) | {:.2} | {:.1}–{:.1} MiB | {:.1} MiB | {:.0} µs | {memory_per_msg} |",
+        "| {:.0} s | {} | {} | {} | {} | {} | {lost} | {} | {parked} | {} ({} probes) | {} ({} probes) | {:.2} | {:.2} | {:.1}–{:.1} MiB | {:.1} MiB | {:.0} µs | {memory_per_msg} |",
         published_in.as_secs_f64(),
         q(&late, 0.5),
         q(&late, 0.9),
@@ -458,6 +461,7 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         q(&probe_drain, 0.99),
         probe_drain.len(),
         placed / delivered.max(1.0),
+        waits,
         mib(after_publish.iter().copied().min().unwrap_or(0)),
         mib(after_publish.iter().copied().max().unwrap_or(0)),
         mib(peak_kib),
