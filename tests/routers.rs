@@ -16,6 +16,8 @@ use tokio::sync::oneshot;
 /// A second in-process router on the harness's prefix, with its own ladder.
 struct Second {
     stats: Arc<Stats>,
+    /// The buckets its ladder declares, for the harness to remove.
+    buckets: Vec<String>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), router::RouterError>>,
 }
@@ -25,6 +27,12 @@ impl Second {
         let config =
             delay_router::config::Config::from_toml(&config_toml(&h.prefix, ladder, extra))
                 .unwrap();
+        let buckets = delay_router::core::decision::Rules::from_config(&config)
+            .topology()
+            .bucket_names()
+            .iter()
+            .map(|q| q.to_string())
+            .collect();
         let stats = Arc::new(Stats::default());
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(router::run_with_stats(
@@ -36,6 +44,7 @@ impl Second {
         ));
         Self {
             stats,
+            buckets,
             stop: Some(tx),
             task,
         }
@@ -137,7 +146,11 @@ async fn a_router_with_another_ladder_never_deletes_the_running_routers_buckets(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let buckets = second.buckets.clone();
     second.stop().await;
+    for q in &buckets {
+        h.track_queue(q);
+    }
     h.cleanup().await;
 }
 
