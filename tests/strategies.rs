@@ -197,17 +197,23 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"cascade\"").await;
     h.start_router().await;
     let q = h.queue("dest").await;
-    let delays: Vec<u64> = (0..20).map(|i| 5_000 + i * 100).collect();
+    // Ten in the 5s bucket, ten two laps up its chain: the chain's lap must
+    // outlive nothing it dead-letters into.
+    let delays: Vec<u64> = (0..20)
+        .map(|i| if i < 10 { 5_000 } else { 10_000 } + i * 50)
+        .collect();
     let sent = send(&h, &q, &delays).await;
     let removed = format!("{}.bucket.5s", h.prefix);
+    let chain = format!("{}.bucket.5s.x2", h.prefix);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(h.depth(&removed).await, 20);
+    assert_eq!(h.depth(&removed).await, 10);
+    assert_eq!(h.depth(&chain).await, 10);
     h.restart_with(&["1s", "2s"], "[placement]\nstrategy = \"cascade\"")
         .await;
-    let late = lateness(&h, &q, &sent, Duration::from_secs(30)).await;
+    let late = lateness(&h, &q, &sent, Duration::from_secs(40)).await;
     assert_eq!(late.len(), 20);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while h.exists(&removed).await {
+    while h.exists(&removed).await || h.exists(&chain).await {
         assert!(
             Instant::now() < deadline,
             "removed rung's bucket still exists"

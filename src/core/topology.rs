@@ -419,6 +419,11 @@ fn lap_parts(name: &str) -> (&str, u32) {
     }
 }
 
+/// The laps of a bucket queue: `n` for a chain's `<bucket>.x<n>`, else 1.
+pub fn laps_of(name: &str) -> u32 {
+    lap_parts(name).1
+}
+
 /// Whether bucket `upstream` dead-letters, directly or down its chain, into
 /// bucket `downstream`: a later lap of the same rung's chain. A stale
 /// bucket is removed only once nothing upstream of it is left, or what

@@ -6,7 +6,9 @@
 use crate::broker::publish::{Message, Outcome, confirm_channel, publish_once};
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, probe, timed};
 use crate::core::envelope::PERSISTENT;
-use crate::core::topology::{Topology, feeds_into, parse_state, render_state, stale_buckets};
+use crate::core::topology::{
+    Topology, feeds_into, laps_of, parse_state, render_state, stale_buckets,
+};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Connection};
@@ -90,13 +92,14 @@ pub async fn sweep(
             () = tokio::time::sleep(SWEEP_EVERY) => {}
         }
         let before = stale.len();
-        let mut left = Vec::new();
+        let mut left: Vec<String> = Vec::new();
         let used = in_use();
-        let pass = stale.clone();
+        // A chain from its top lap down, so one sweep removes an empty chain.
+        stale.sort_by_key(|q| std::cmp::Reverse(laps_of(q)));
         for q in stale {
-            // In use, or a later lap of its chain still to go (it would
-            // dead-letter into nothing).
-            if used.contains(&q) || pass.iter().any(|up| feeds_into(up, &q)) {
+            // In use, or a later lap of its chain still there (what waits in
+            // it would be dead-lettered into nothing).
+            if used.contains(&q) || left.iter().any(|up| feeds_into(up, &q)) {
                 left.push(q);
                 continue;
             }
