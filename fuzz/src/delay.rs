@@ -36,7 +36,7 @@ use delay_router::core::contract::{
 use delay_router::core::decision::Action;
 use delay_router::core::envelope::read_transit;
 use delay_router::core::placement::{
-    HOLD_BELOW, PRIORITY_LEVELS, Placement, PlacementStrategy, place,
+    HOLD_BELOW, PRIORITY_LEVELS, Placement, PlacementStrategy, laps, place,
 };
 use delay_router::core::reasons::ParkReason;
 use lapin::BasicProperties;
@@ -372,11 +372,16 @@ fn through_plans(v: &AMQPValue, parsed: &Result<Duration, DelayError>) {
                 else {
                     panic!("[{name}] {d:?} placed in {queue} at ingress")
                 };
+                // Under cascade, every whole lap of the rung in one placement (a chain).
+                let laps = match rules.strategy {
+                    PlacementStrategy::Cascade => laps(&rules.ladder, rung, *d),
+                    _ => 1,
+                };
                 assert_eq!(
                     queue,
                     rules
                         .names
-                        .bucket(rules.strategy, &rules.ladder.rungs()[rung]),
+                        .lap(rules.strategy, &rules.ladder.rungs()[rung], laps),
                     "[{name}]"
                 );
                 let t = read_transit(&properties).expect("transit headers");

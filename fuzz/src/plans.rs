@@ -22,8 +22,9 @@ pub use delay_router::testkit::rules::STRATEGIES;
 pub struct Named {
     pub name: String,
     pub rules: Rules,
-    /// The bucket queues the plan declares, with their TTLs.
-    pub buckets: HashMap<ShortString, Duration>,
+    /// The bucket queues the plan declares, with the TTL of one lap and the
+    /// laps a message entering the queue makes (more than one in a chain).
+    pub buckets: HashMap<ShortString, (Duration, u32)>,
 }
 
 /// A prefix of the longest length config accepts (`MAX_PREFIX_LEN`), so
@@ -99,8 +100,9 @@ pub fn plans() -> &'static [Named] {
                     Rules::new(&ladder, s, &prefix, ROUTER_USER).with_policies(policies.clone());
                 let buckets = rules
                     .names
-                    .buckets(rules.strategy, &rules.ladder)
-                    .map(|(q, r)| (q, r.ttl))
+                    .bucket_queues(rules.strategy, &rules.ladder)
+                    .into_iter()
+                    .map(|(q, r, laps)| (q, (r.ttl, laps)))
                     .collect();
                 out.push(Named {
                     name: format!("{name}/{s}"),
