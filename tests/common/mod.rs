@@ -293,6 +293,15 @@ impl Harness {
         name
     }
 
+    /// Deletes at cleanup every bucket (and chain) a router of this prefix
+    /// declares on `ladder`: for a test that runs a router on another
+    /// ladder than the harness's (a rung's chain depends on the rung above).
+    pub fn track_ladder(&mut self, ladder: &[&str]) {
+        let config =
+            Config::from_toml(&config_toml(&self.prefix, ladder, "")).expect("test config");
+        self.queues.extend(every_bucket(&config));
+    }
+
     /// Deletes `queue` with the rest at cleanup.
     pub fn track_queue(&mut self, queue: &str) {
         self.queues.push(queue.to_owned());
