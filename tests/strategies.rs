@@ -4,9 +4,11 @@
 
 mod common;
 use common::*;
-use lapin::types::AMQPValue;
+use delay_router::core::decision::{Action, Rules};
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Publishes one message per delay (ms) to `queue` via the router; returns send times by id.
 async fn send(h: &Harness, queue: &str, delays: &[u64]) -> BTreeMap<usize, (Instant, u64)> {
@@ -76,20 +78,21 @@ async fn cascade_delivers_within_milliseconds_and_never_early() {
     h.cleanup().await;
 }
 
-/// Several whole laps of a rung wait in that rung's chain: the broker moves
-/// the message from lap to lap, the router places it once.
+/// Several whole laps of a rung wait in one bucket cascade adds (a multiple
+/// of the rung): the router places the message once, the broker
+/// dead-letters it once.
 #[tokio::test]
-async fn cascade_waits_several_laps_of_a_rung_in_its_chain_placed_once() {
-    several_laps_in_a_chain("classic").await;
+async fn cascade_waits_several_laps_of_a_rung_in_one_bucket_placed_once() {
+    several_laps_in_one_bucket("classic").await;
 }
 
-/// The same with quorum buckets, which dead-letter from lap to lap at least once.
+/// The same with quorum buckets.
 #[tokio::test]
-async fn quorum_chains_move_a_message_from_lap_to_lap() {
-    several_laps_in_a_chain("quorum").await;
+async fn quorum_buckets_hold_several_laps_of_a_rung() {
+    several_laps_in_one_bucket("quorum").await;
 }
 
-async fn several_laps_in_a_chain(queue_type: &str) {
+async fn several_laps_in_one_bucket(queue_type: &str) {
     let port = free_port();
     let extra = format!(
         "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\n"
@@ -97,27 +100,19 @@ async fn several_laps_in_a_chain(queue_type: &str) {
     let mut h = Harness::new(&["1s", "4s"], &extra).await;
     h.start_router().await;
     let q = h.queue("dest").await;
-    let chain = |rung: &str, laps: u32| format!("{}.bucket.{rung}.x{laps}", h.prefix);
-    // 1s fits three times below 4s; the top rung chains up to five laps.
-    for (rung, laps) in [("1s", 2), ("1s", 3), ("4s", 2), ("4s", 5)] {
-        assert!(h.exists(&chain(rung, laps)).await, "{}", chain(rung, laps));
+    let bucket = |label: &str| format!("{}.bucket.{label}", h.prefix);
+    // 1s fits three times below 4s; the top rung up to five times.
+    for label in ["2s", "3s", "8s", "12s", "16s", "20s"] {
+        assert!(h.exists(&bucket(label)).await, "{}", bucket(label));
     }
-    assert!(!h.exists(&chain("1s", 4)).await);
-    // 3.5 s: three laps of 1s (one placement), then 500 ms the router times.
-    // 9.3 s: two laps of 4s (one placement), then 1.3 s the router times.
+    assert!(!h.exists(&bucket("24s")).await);
+    // 3.5 s: three laps of 1s in 3s, then 500 ms the router times.
+    // 9.3 s: two laps of 4s in 8s, then 1.3 s the router times.
     let delays = [3_500, 9_300];
     let sent = send(&h, &q, &delays).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(
-        h.depth(&chain("1s", 3)).await,
-        1,
-        "3.5 s waits in the 1s chain"
-    );
-    assert_eq!(
-        h.depth(&chain("4s", 2)).await,
-        1,
-        "9.3 s waits in the 4s chain"
-    );
+    assert_eq!(h.depth(&bucket("3s")).await, 1, "3.5 s waits in 3s");
+    assert_eq!(h.depth(&bucket("8s")).await, 1, "9.3 s waits in 8s");
     let got = h.receive(&q, 2, Duration::from_secs(30)).await;
     for (at, d) in &got {
         let i = id(d);
@@ -131,10 +126,10 @@ async fn several_laps_in_a_chain(queue_type: &str) {
             "message {i} late by {:?}",
             waited - delay
         );
-        assert_eq!(header(d, "x-death"), None, "the chain's x-death leaked");
+        assert_eq!(header(d, "x-death"), None, "the bucket's x-death leaked");
         assert_eq!(header(d, "x-first-death-queue"), None);
     }
-    // One placement each; without chains three (1s, 1s, 1s) and two (4s, 4s).
+    // One placement each; on the user's rungs alone three (1s, 1s, 1s) and two (4s, 4s).
     let s = scrape(port).await;
     assert_eq!(
         sample(&s, "delay_router_messages_placed_total", &[]),
@@ -197,23 +192,23 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"cascade\"").await;
     h.start_router().await;
     let q = h.queue("dest").await;
-    // Ten in the 5s bucket, ten two laps up its chain: the chain's lap must
-    // outlive nothing it dead-letters into.
+    // Ten in the 5s bucket, ten in 15s (three laps of 5s, which the new
+    // ladder's top rung 2s does not have either).
     let delays: Vec<u64> = (0..20)
-        .map(|i| if i < 10 { 5_000 } else { 10_000 } + i * 50)
+        .map(|i| if i < 10 { 5_000 } else { 15_000 } + i * 50)
         .collect();
     let sent = send(&h, &q, &delays).await;
     let removed = format!("{}.bucket.5s", h.prefix);
-    let chain = format!("{}.bucket.5s.x2", h.prefix);
+    let multiple = format!("{}.bucket.15s", h.prefix);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(h.depth(&removed).await, 10);
-    assert_eq!(h.depth(&chain).await, 10);
+    assert_eq!(h.depth(&multiple).await, 10);
     h.restart_with(&["1s", "2s"], "[placement]\nstrategy = \"cascade\"")
         .await;
     let late = lateness(&h, &q, &sent, Duration::from_secs(40)).await;
     assert_eq!(late.len(), 20);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while h.exists(&removed).await || h.exists(&chain).await {
+    while h.exists(&removed).await || h.exists(&multiple).await {
         assert!(
             Instant::now() < deadline,
             "removed rung's bucket still exists"
@@ -221,5 +216,97 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(h.exists(&format!("{}.bucket.2s", h.prefix)).await);
+    h.cleanup().await;
+}
+
+/// An upgrade from the version that kept a rung's multiples as a chain
+/// (`<bucket>.x2` dead-lettering into `<bucket>` through the default
+/// exchange): what waits in such a chain arrives on time, and the janitor
+/// removes the chain once it is empty.
+#[tokio::test]
+async fn what_waits_in_an_earlier_versions_chain_arrives_and_the_chain_is_removed() {
+    let mut h = Harness::new(&["1s", "2s"], "[placement]\nstrategy = \"cascade\"").await;
+    let rules = Rules::from_config(&h.config);
+    delay_router::broker::declare::declare(&h.conn, &rules.topology())
+        .await
+        .unwrap();
+    let q = h.queue("dest").await;
+    let bucket = format!("{}.bucket.2s", h.prefix);
+    let chain = format!("{bucket}.x2");
+    let mut args = FieldTable::default();
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(2000));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(bucket.as_str().into()),
+    );
+    h.ch.queue_declare(
+        chain.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    h.track_queue(&chain);
+    // 4.5 s as the previous version placed it: two laps of 2s in the chain.
+    let sender = to_queue(&q, AMQPValue::LongLongInt(4_500)).with_message_id("0".into());
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let t0 = Instant::now();
+    let Action::Wait { properties, .. } = rules.on_ingress(&"k".into(), &sender, now_ms, 0.0)
+    else {
+        panic!("4.5 s waits in a bucket")
+    };
+    let publish = |queue: String, props, body: Vec<u8>| {
+        let ch = h.ch.clone();
+        async move {
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+    };
+    publish(chain.clone(), properties, b"x".to_vec()).await;
+    // The state the previous version recorded names its chain.
+    publish(
+        h.names.state.to_string(),
+        lapin::BasicProperties::default().with_delivery_mode(2),
+        chain.clone().into_bytes(),
+    )
+    .await;
+    h.start_router().await;
+    // The deadline is in whole milliseconds of the wall clock: 4,499 ms
+    // after t0 at the earliest.
+    let sent = BTreeMap::from([(0, (t0, 4_499))]);
+    let late = lateness(&h, &q, &sent, Duration::from_secs(30)).await;
+    assert!(
+        late[&0] < Duration::from_millis(900),
+        "late by {:?}",
+        late[&0]
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.exists(&chain).await {
+        assert!(Instant::now() < deadline, "the old chain was not removed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(h.exists(&bucket).await, "the rung's bucket stays");
     h.cleanup().await;
 }

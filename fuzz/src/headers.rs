@@ -28,14 +28,12 @@
 //! - Park: a non-empty reason, in `x-park-reason`, `x-parked-at` = now,
 //!   persistent, no expiration; replaying it (`envelope::unpark`) gives back
 //!   the sender's message when the sender kept to the contract.
-//! - Wait: ttl > 0 and equal to the TTL of a bucket queue the rules declare
-//!   (times its laps for a chain's `<bucket>.x<n>`); readable transit headers
-//!   with the same destination and deadline on every hop, hops counting one
-//!   per lap; persistent; priority buckets carry a priority below
+//! - Wait: ttl > 0 and equal to the TTL of a bucket queue the rules declare;
+//!   readable transit headers with the same destination and deadline on
+//!   every hop, hops counting one per bucket; persistent; priority buckets carry a priority below
 //!   `x-max-priority` and an expiration no longer than the TTL.
 //! - Following the message through its buckets (the broker dead-letters it on
-//!   time, adding `x-death`, and down a chain lap by lap to the rung's
-//!   bucket): it is never parked, never delivered early, the
+//!   time, adding `x-death`): it is never parked, never delivered early, the
 //!   destination never changes, and `leave_transit` at any hop — and the
 //!   properties delivered — restore the sender's message exactly (retry
 //!   counters aside; checked when the sender sent no `x-delay-router-*`
@@ -195,7 +193,7 @@ pub fn check(m: &Message) {
 struct Checker<'a> {
     name: &'a str,
     rules: &'a Rules,
-    buckets: &'a HashMap<ShortString, (Duration, u32)>,
+    buckets: &'a HashMap<ShortString, Duration>,
 }
 
 impl<'a> Checker<'a> {
@@ -239,13 +237,7 @@ impl<'a> Checker<'a> {
                 let transit = read_transit(&properties).unwrap_or_else(|e| {
                     panic!("[{name}] placed at ingress with unreadable transit headers: {e}")
                 });
-                // One hop per lap: a chain's head counts every lap it makes.
-                let laps = self.buckets.get(&queue).map_or(1, |&(_, laps)| laps);
-                assert_eq!(
-                    transit.hops,
-                    i64::from(laps),
-                    "[{name}] first placement is hop 1, or one per lap of a chain"
-                );
+                assert_eq!(transit.hops, 1, "[{name}] first placement is hop 1");
                 self.assert_not_router(&transit.destination.exchange, "transit destination");
                 self.follow(sender, queue, ttl, properties, transit, now, unit, round);
             }
@@ -266,19 +258,16 @@ impl<'a> Checker<'a> {
         round: u8,
     ) {
         let name = self.name;
-        // Hops count laps (transit's x-delay-hops); placements the router's turns.
-        let (mut hops, mut placed) = (0i64, 0i64);
+        let mut hops = 0i64;
         loop {
             assert!(!ttl.is_zero(), "[{name}] hop {hops}: bucket ttl is zero");
-            let &(lap_ttl, laps) = self.buckets.get(&queue).unwrap_or_else(|| {
+            let &declared = self.buckets.get(&queue).unwrap_or_else(|| {
                 panic!("[{name}] hop {hops}: placed in {queue:?}, which the rules do not declare")
             });
-            hops += i64::from(laps);
-            placed += 1;
+            hops += 1;
             assert_eq!(
-                lap_ttl * laps,
-                ttl,
-                "[{name}] hop {hops}: ttl differs from {laps} laps of {queue}'s"
+                declared, ttl,
+                "[{name}] hop {hops}: ttl differs from {queue}'s"
             );
             let transit = read_transit(&properties)
                 .unwrap_or_else(|e| panic!("[{name}] hop {hops}: unreadable transit headers: {e}"));
@@ -324,38 +313,20 @@ impl<'a> Checker<'a> {
                     "[{name}] hop {hops}: priority {pr} >= x-max-priority"
                 );
             }
-            // The broker expires it on time and dead-letters it to the router,
-            // from a chain's head lap by lap down to the rung's bucket.
-            let mut expired = properties.clone();
-            if laps > 1 {
-                let lap_ms = i64::try_from(lap_ttl.as_millis()).unwrap_or(i64::MAX);
-                let bucket = queue
-                    .as_str()
-                    .strip_suffix(&format!(".x{laps}"))
-                    .unwrap_or_else(|| {
-                        panic!("[{name}] chain head {queue} is not <bucket>.x{laps}")
-                    });
-                for lap in (2..=laps).rev() {
-                    t = t.saturating_add(lap_ms);
-                    expired = dead_letter(&expired, &format!("{bucket}.x{lap}"), "expired", t);
-                }
-                t = t.saturating_add(lap_ms);
-                expired = dead_letter(&expired, bucket, "expired", t);
-            } else {
-                t = t.saturating_add(i64::try_from(stay).unwrap_or(i64::MAX));
-                expired = dead_letter(&expired, queue.as_str(), "expired", t);
-            }
+            // The broker expires it on time and dead-letters it to the router.
+            t = t.saturating_add(i64::try_from(stay).unwrap_or(i64::MAX));
+            let expired = dead_letter(&properties, queue.as_str(), "expired", t);
             self.assert_restored(
                 sender,
                 &leave_transit(&expired),
                 &format!("leave_transit at hop {hops}"),
             );
-            if placed >= MAX_HOPS {
+            if hops >= MAX_HOPS {
                 // Long delays: skip ahead, as if it had gone round until due.
                 t = t.max(first.deadline_ms);
             }
             assert!(
-                placed <= MAX_HOPS + 1,
+                hops <= MAX_HOPS + 1,
                 "[{name}] still placed after the deadline"
             );
             match self.rules.on_expired(&expired, t) {
@@ -522,7 +493,7 @@ impl<'a> Checker<'a> {
             } => {
                 assert!(!ttl.is_zero(), "[{name}] expiry: ttl zero");
                 assert_eq!(
-                    self.buckets.get(&queue).map(|&(lap, laps)| lap * laps),
+                    self.buckets.get(&queue).copied(),
                     Some(ttl),
                     "[{name}] expiry: undeclared bucket {queue}"
                 );

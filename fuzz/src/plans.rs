@@ -22,9 +22,8 @@ pub use delay_router::testkit::rules::STRATEGIES;
 pub struct Named {
     pub name: String,
     pub rules: Rules,
-    /// The bucket queues the plan declares, with the TTL of one lap and the
-    /// laps a message entering the queue makes (more than one in a chain).
-    pub buckets: HashMap<ShortString, (Duration, u32)>,
+    /// The bucket queues the plan declares, with their TTL.
+    pub buckets: HashMap<ShortString, Duration>,
 }
 
 /// A prefix of the longest length config accepts (`MAX_PREFIX_LEN`), so
@@ -102,7 +101,7 @@ pub fn plans() -> &'static [Named] {
                     .names
                     .bucket_queues(rules.strategy, &rules.ladder)
                     .into_iter()
-                    .map(|(q, r, laps)| (q, (r.ttl, laps)))
+                    .map(|(q, r)| (q, r.ttl))
                     .collect();
                 out.push(Named {
                     name: format!("{name}/{s}"),

@@ -47,10 +47,7 @@ pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
     let mut queues: Vec<(String, ShortString)> = names
         .bucket_queues(rules.strategy, &rules.ladder)
         .into_iter()
-        .map(|(q, rung, laps)| match laps {
-            1 => (format!("bucket {}", rung.label), q),
-            n => (format!("bucket {} x{n}", rung.label), q),
-        })
+        .map(|(q, rung)| (format!("bucket {}", rung.label), q))
         .collect();
     queues.push(("ingress".into(), names.ingress.clone()));
     queues.push(("expired".into(), names.expired.clone()));

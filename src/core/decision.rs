@@ -306,14 +306,9 @@ impl Rules {
                 expiration,
                 priority,
             }) => {
-                // Cascade: every whole lap of the rung in one placement.
-                let laps = match self.strategy {
-                    PlacementStrategy::Cascade => placement::laps(&self.ladder, rung, remaining),
-                    PlacementStrategy::RoundUp | PlacementStrategy::Priority => 1,
-                };
-                transit.hops += i64::from(laps);
+                transit.hops += 1;
                 let rung = &self.ladder.rungs()[rung];
-                let ttl = rung.ttl * laps;
+                let ttl = rung.ttl;
                 let o = Overrides {
                     expiration,
                     priority,
@@ -325,7 +320,7 @@ impl Rules {
                     envelope::next_hop(p, &transit, o)
                 };
                 Action::Wait {
-                    queue: self.names.lap(self.strategy, rung, laps),
+                    queue: self.names.bucket(self.strategy, rung),
                     ttl,
                     properties,
                 }

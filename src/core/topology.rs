@@ -3,7 +3,7 @@
 
 use crate::core::contract::{DUE_LANE, TRANSIT_LANE};
 use crate::core::ladder::{Ladder, Rung};
-use crate::core::placement::{self, PRIORITY_LEVELS, PlacementStrategy};
+use crate::core::placement::{PRIORITY_LEVELS, PlacementStrategy};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use std::time::Duration;
 
@@ -118,39 +118,17 @@ impl Names {
         format!("{}.{kind}.{}", self.prefix, rung.label).into()
     }
 
-    /// The bucket a message making `laps` laps of `rung` enters: the bucket
-    /// itself for one, else `<bucket>.x<laps>`, the head of the rung's chain
-    /// (cascade; see [`placement::MAX_LAPS`](crate::core::placement::MAX_LAPS)).
-    pub fn lap(&self, strategy: PlacementStrategy, rung: &Rung, laps: u32) -> ShortString {
-        let bucket = self.bucket(strategy, rung);
-        match laps {
-            0 | 1 => bucket,
-            n => format!("{bucket}.x{n}").into(),
-        }
-    }
-
-    /// Every bucket queue of a strategy's effective ladder with its rung and
-    /// laps: each rung's bucket (one lap), then under cascade each rung's
-    /// chain (laps 2 up to [`placement::max_laps`]), every queue after the
-    /// one it dead-letters into.
+    /// Every bucket queue of a strategy's effective ladder, with its rung.
     pub fn bucket_queues<'a>(
         &self,
         strategy: PlacementStrategy,
         ladder: &'a Ladder,
-    ) -> Vec<(ShortString, &'a Rung, u32)> {
-        let mut queues: Vec<_> = ladder
+    ) -> Vec<(ShortString, &'a Rung)> {
+        ladder
             .rungs()
             .iter()
-            .map(|r| (self.bucket(strategy, r), r, 1))
-            .collect();
-        if strategy == PlacementStrategy::Cascade {
-            for (i, rung) in ladder.rungs().iter().enumerate() {
-                for laps in 2..=placement::max_laps(ladder, i) {
-                    queues.push((self.lap(strategy, rung, laps), rung, laps));
-                }
-            }
-        }
-        queues
+            .map(|r| (self.bucket(strategy, r), r))
+            .collect()
     }
 }
 
@@ -162,8 +140,7 @@ pub struct Topology {
     pub queue_type: QueueType,
     /// Ingress, expired, due, parked and state.
     pub own: Vec<(ShortString, FieldTable)>,
-    /// The bucket of every rung, then (cascade) every rung's chain of laps,
-    /// each dead-lettering into the one before it (see [`Names::lap`]).
+    /// The bucket of every rung of the (effective) ladder.
     pub buckets: Vec<(ShortString, FieldTable)>,
     /// The cancels stream and its arguments.
     pub cancels: (ShortString, FieldTable),
@@ -180,22 +157,7 @@ impl Topology {
         let buckets = names
             .bucket_queues(strategy, ladder)
             .into_iter()
-            .map(|(q, rung, laps)| {
-                let mut args = bucket_arguments(names, strategy, queue_type, rung);
-                if laps > 1 {
-                    // The next lap down, through the default exchange.
-                    args.insert(
-                        "x-dead-letter-exchange".into(),
-                        AMQPValue::LongString("".into()),
-                    );
-                    let next = names.lap(strategy, rung, laps - 1);
-                    args.insert(
-                        "x-dead-letter-routing-key".into(),
-                        AMQPValue::LongString(next.as_str().into()),
-                    );
-                }
-                (q, args)
-            })
+            .map(|(q, rung)| (q, bucket_arguments(names, strategy, queue_type, rung)))
             .collect();
         let own = [
             &names.ingress,
@@ -409,6 +371,11 @@ pub fn ingress_arguments(names: &Names, queue_type: QueueType) -> FieldTable {
 
 /// A bucket's name split into its rung's bucket and its laps: `(b, n)` for
 /// `b.x<n>` (n ≥ 2), `(name, 1)` otherwise.
+///
+/// The previous version kept a rung's multiples as a chain: `<bucket>.x4`
+/// dead-lettered through the default exchange into `.x3`, then `.x2`, then
+/// the bucket. This version declares none, so after an upgrade they are
+/// stale; the janitor still has to remove them top lap first.
 fn lap_parts(name: &str) -> (&str, u32) {
     match name.rsplit_once(".x") {
         Some((base, digits)) => match digits.parse::<u32>() {
@@ -419,7 +386,8 @@ fn lap_parts(name: &str) -> (&str, u32) {
     }
 }
 
-/// The laps of a bucket queue: `n` for a chain's `<bucket>.x<n>`, else 1.
+/// The laps of a bucket queue: `n` for an earlier version's chain
+/// `<bucket>.x<n>`, else 1.
 pub fn laps_of(name: &str) -> u32 {
     lap_parts(name).1
 }
@@ -469,6 +437,7 @@ pub fn parse_state(prefix: &str, body: &[u8]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::placement;
 
     #[test]
     fn removed_rungs_and_other_strategies_buckets_are_stale() {
@@ -477,7 +446,7 @@ mod tests {
         let current: Vec<_> = names
             .bucket_queues(PlacementStrategy::RoundUp, &ladder)
             .into_iter()
-            .map(|(q, _, _)| q)
+            .map(|(q, _)| q)
             .collect();
         let recorded = parse_state(
             "p",
@@ -491,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn cascade_chains_each_rung_into_its_bucket_and_the_janitor_knows_the_order() {
+    fn cascade_declares_its_added_rungs_as_buckets_and_the_janitor_knows_old_chains() {
         let names = Names::new("p");
         let ladder = placement::effective_ladder(
             PlacementStrategy::Cascade,
@@ -504,67 +473,66 @@ mod tests {
             &ladder,
         );
         let queues: Vec<_> = t.buckets.iter().map(|(q, _)| q.as_str()).collect();
-        // 500ms and 250ms below 1s; 3s fits twice below 10s; the top five times.
+        // 500ms and 250ms below 1s; 1s fits twice below 3s, 3s three times
+        // below 10s; the top five times.
         assert_eq!(
             queues,
             [
                 "p.bucket.250ms",
                 "p.bucket.500ms",
                 "p.bucket.1s",
+                "p.bucket.2s",
                 "p.bucket.3s",
+                "p.bucket.6s",
+                "p.bucket.9s",
                 "p.bucket.10s",
-                "p.bucket.1s.x2",
-                "p.bucket.3s.x2",
-                "p.bucket.3s.x3",
-                "p.bucket.10s.x2",
-                "p.bucket.10s.x3",
-                "p.bucket.10s.x4",
-                "p.bucket.10s.x5",
+                "p.bucket.20s",
+                "p.bucket.30s",
+                "p.bucket.40s",
+                "p.bucket.50s",
             ]
         );
-        let args = |q: &str| {
-            t.buckets
-                .iter()
-                .find(|(n, _)| n.as_str() == q)
-                .unwrap()
-                .1
-                .clone()
-        };
-        let dlx = |q: &str| {
-            let a = args(q);
-            (
-                a.inner().get("x-dead-letter-exchange").cloned(),
-                a.inner().get("x-dead-letter-routing-key").cloned(),
-            )
-        };
-        let s = |v: &str| Some(AMQPValue::LongString(v.into()));
-        assert_eq!(dlx("p.bucket.3s.x3"), (s(""), s("p.bucket.3s.x2")));
-        assert_eq!(dlx("p.bucket.3s.x2"), (s(""), s("p.bucket.3s")));
-        assert_eq!(dlx("p.bucket.3s"), (s("p.expired"), None));
-        // A chain's queues are quorum buckets like the rest.
-        let x2 = args("p.bucket.3s.x2");
+        for (q, a) in &t.buckets {
+            // Every bucket dead-letters to the router's lanes, a quorum bucket at least once.
+            assert_eq!(
+                a.inner().get("x-dead-letter-exchange"),
+                Some(&AMQPValue::LongString("p.expired".into())),
+                "{q}"
+            );
+            assert_eq!(
+                a.inner().get("x-dead-letter-strategy"),
+                Some(&AMQPValue::LongString("at-least-once".into())),
+                "{q}"
+            );
+        }
+        let args = &t
+            .buckets
+            .iter()
+            .find(|(n, _)| n.as_str() == "p.bucket.9s")
+            .unwrap()
+            .1;
         assert_eq!(
-            x2.inner().get("x-message-ttl"),
-            Some(&AMQPValue::LongLongInt(3000))
+            args.inner().get("x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(9000))
         );
-        assert_eq!(
-            x2.inner().get("x-dead-letter-strategy"),
-            Some(&AMQPValue::LongString("at-least-once".into()))
-        );
+        // The previous version's chains, which the janitor drains top lap first.
+        assert_eq!(laps_of("p.bucket.3s.x3"), 3);
+        assert_eq!(laps_of("p.bucket.3s"), 1);
         assert!(feeds_into("p.bucket.3s.x3", "p.bucket.3s.x2"));
         assert!(feeds_into("p.bucket.3s.x2", "p.bucket.3s"));
         assert!(!feeds_into("p.bucket.3s", "p.bucket.3s.x2"));
         assert!(!feeds_into("p.bucket.3s.x2", "p.bucket.10s"));
         assert!(!feeds_into("p.bucket.3s.x02", "p.bucket.3s"));
         assert!(!feeds_into("p.bucket.3s.x1", "p.bucket.3s"));
-        // Other strategies have no chains.
+        // Other strategies add no rungs.
+        let user = Ladder::from_labels(&["1s", "3s", "10s"]).unwrap();
         let plain = Topology::new(
             &names,
             PlacementStrategy::RoundUp,
             QueueType::Classic,
-            &ladder,
+            &placement::effective_ladder(PlacementStrategy::RoundUp, &user),
         );
-        assert_eq!(plain.buckets.len(), ladder.rungs().len());
+        assert_eq!(plain.buckets.len(), 3);
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub async fn sweep(
         let before = stale.len();
         let mut left: Vec<String> = Vec::new();
         let used = in_use();
-        // A chain from its top lap down, so one sweep removes an empty chain.
+        // An earlier version's chain from its top lap down, so one sweep removes it.
         stale.sort_by_key(|q| std::cmp::Reverse(laps_of(q)));
         for q in stale {
             // In use, or a later lap of its chain still there (what waits in

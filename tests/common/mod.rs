@@ -293,9 +293,9 @@ impl Harness {
         name
     }
 
-    /// Deletes at cleanup every bucket (and chain) a router of this prefix
-    /// declares on `ladder`: for a test that runs a router on another
-    /// ladder than the harness's (a rung's chain depends on the rung above).
+    /// Deletes at cleanup every bucket a router of this prefix declares on
+    /// `ladder`: for a test that runs a router on another ladder than the
+    /// harness's (cascade adds rungs that depend on the rungs above).
     pub fn track_ladder(&mut self, ladder: &[&str]) {
         let config =
             Config::from_toml(&config_toml(&self.prefix, ladder, "")).expect("test config");

@@ -284,7 +284,7 @@ fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
     for (delay_ms, ttl_s, due_lane) in [
         (5_500, 5, true),    // 0.5 s left after the 5s bucket
         (6_000, 5, false),   // 1 s left: not within 1 s
-        (12_000, 10, false), // two laps of 5s (a chain), 2 s left
+        (12_000, 10, false), // two laps of 5s (the 10s bucket), 2 s left
         (1_800, 1, true),    // 0.8 s left after the 1s bucket
     ] {
         let p = props(&[
