@@ -118,6 +118,13 @@ async fn metrics_count_known_traffic() {
     // Never early, and on this idle broker none a whole second late.
     let within_1s = lateness.iter().find(|b| b.less_than == 1.0).unwrap();
     assert_eq!(within_1s.count, 7.0, "{lateness:?}");
+    // The broker's share: the three that waited in the 4s bucket came back
+    // from it due for delivery, each observed once; the four timed by the
+    // router never entered a bucket.
+    let returned = histogram(&s, "delay_router_return_lateness_seconds");
+    assert_eq!(returned.last().unwrap().count, 3.0, "{returned:?}");
+    let returned_within_1s = returned.iter().find(|b| b.less_than == 1.0).unwrap();
+    assert_eq!(returned_within_1s.count, 3.0, "{returned:?}");
     assert_eq!(
         histogram(&s, "delay_router_delivery_hops")
             .last()

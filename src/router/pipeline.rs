@@ -219,6 +219,11 @@ impl Pipeline {
         };
         forwarder.delivered(delivery.delivery_tag)?;
         let plan = self.rules.decide(&d, &cx);
+        if let (Source::Expired | Source::Due, Action::Deliver { due_ms, .. }) =
+            (self.source, &plan.action)
+        {
+            self.stats.record_return(now_ms - due_ms);
+        }
         forwarder.hold(&plan);
         log_decision(&plan.action, delivery.redelivered);
         // A cancel request's tombstone carries no body.

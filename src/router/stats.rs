@@ -93,6 +93,7 @@ pub struct Stats {
     abandoned: Counter,
     refusals: Counter,
     lateness: Histogram,
+    returned_late: Histogram,
     hops: Histogram,
     confirm: Histogram,
     in_flight: Gauge,
@@ -159,6 +160,7 @@ impl Stats {
             abandoned: Counter::default(),
             refusals: Counter::default(),
             lateness: histogram(&LATENESS_BUCKETS),
+            returned_late: histogram(&LATENESS_BUCKETS),
             hops: histogram(&HOP_BUCKETS),
             confirm: histogram(&CONFIRM_BUCKETS),
             in_flight: Gauge::default(),
@@ -254,6 +256,12 @@ impl Stats {
             "Delivery time minus due time of delivered messages",
             Unit::Seconds,
             self.lateness.clone(),
+        );
+        r.register_with_unit(
+            "delay_router_return_lateness",
+            "How late a message due for delivery came back from its last bucket: the router took it this long after its due time (the broker's share of delivery lateness)",
+            Unit::Seconds,
+            self.returned_late.clone(),
         );
         r.register(
             "delay_router_delivery_hops",
@@ -409,6 +417,12 @@ impl Stats {
     /// Counts a message taken from the due lane.
     pub fn record_due(&self) {
         self.due.inc();
+    }
+
+    /// A message due for delivery taken from a bucket `late_ms` after its due
+    /// time (0 when it came back in time, to be held for the rest).
+    pub fn record_return(&self, late_ms: i64) {
+        self.returned_late.observe(late_ms.max(0) as f64 / 1000.0);
     }
 
     /// Counts a retry scheduled by `policy`.
@@ -574,6 +588,7 @@ mod tests {
             "delay_router_messages_parked_total",
             "delay_router_delivery_lateness_seconds_bucket",
             "delay_router_delivery_lateness_seconds_count",
+            "delay_router_return_lateness_seconds_count",
             "delay_router_bucket_messages",
             "delay_router_ready",
             "delay_router_build_info",
