@@ -6,6 +6,9 @@
 //! and acks. The rate is measured from the first message moved to the last
 //! (start-up excluded for both); each round runs both, alternating.
 //!
+//! The shovel's two queues are classic queues with the arguments the router
+//! gives its own, so both move between the same kind of queue.
+//!
 //! The router is the release binary in its own process, as users run it, with
 //! the shipped prefetch unless BENCH_PREFETCH says otherwise.
 //!
@@ -18,6 +21,7 @@ mod procfs;
 use delay_router::broker;
 use delay_router::config::Config;
 use delay_router::core::decision::{Action, Rules};
+use delay_router::core::topology::{QueueType, queue_arguments};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -235,11 +239,12 @@ async fn shovel_round(conn: &Connection, n: usize) -> f64 {
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
+    // The same kind of classic queue the router declares.
     for q in [&src, &dst] {
         ch.queue_declare(
             q.as_str().into(),
             QueueDeclareOptions::durable(),
-            FieldTable::default(),
+            queue_arguments(QueueType::Classic),
         )
         .await
         .unwrap();

@@ -3,11 +3,11 @@
 //! saying which queue and what to do.
 
 use super::{BrokerError, PRECONDITION_FAILED, RPC_TIMEOUT, channel, close_channel, timed};
-use crate::core::topology::{Topology, due_binding, lanes_arguments};
+use crate::core::topology::{QUEUE_VERSION_ARGUMENT, Topology, due_binding, lanes_arguments};
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
 use tracing::warn;
 
@@ -24,9 +24,14 @@ use tracing::warn;
 ///
 /// One of the router's own queues that exists with other arguments, as
 /// declared by an earlier version (before the quorum delivery limits), is
-/// kept as it is, with a warning saying what it lacks and how to upgrade it.
-/// A bucket with other arguments is a [`BrokerError::Conflict`].
-pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError> {
+/// kept as it is, with a warning saying what it lacks and how to upgrade it;
+/// so is a classic queue with another `x-queue-version` than configured. A
+/// bucket with other arguments is a [`BrokerError::Conflict`].
+///
+/// Returns the classic queues kept with another `x-queue-version` than
+/// configured, for the caller to warn about
+/// ([`warn_unversioned`]) once, not at every drift check.
+pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>, BrokerError> {
     let names = &t.names;
     let mut ch = channel(conn).await?;
     let declared = async {
@@ -34,29 +39,21 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
         exchange(&ch, &names.router_exchange, ExchangeKind::Fanout, none()).await?;
         exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout, none()).await?;
         exchange(&ch, &names.lanes_later, ExchangeKind::Fanout, none()).await?;
-        exchange(&ch, &names.lanes, ExchangeKind::Headers, lanes_arguments(names)).await?;
+        exchange(
+            &ch,
+            &names.lanes,
+            ExchangeKind::Headers,
+            lanes_arguments(names),
+        )
+        .await?;
         exchange(&ch, &names.presence, ExchangeKind::Fanout, none()).await?;
+        let mut unversioned = Vec::new();
         for (q, args) in &t.own {
-            match queue(&ch, q, args.clone()).await {
-                // Which argument differs is only in the broker's words.
-                Err(BrokerError::Conflict { detail, .. })
-                    if UPGRADED_ARGUMENTS.iter().any(|a| detail.contains(a)) =>
-                {
-                    warn!(
-                        queue = %q,
-                        difference = %detail,
-                        "kept as it was declared before: a quorum queue without the delivery limit and \
-                         dead-letter target of this version may drop a message delivered too often \
-                         (RabbitMQ 4's default limit); drain and delete it to have it declared anew"
-                    );
-                    // The refused declare closed the channel.
-                    close_channel(&ch, "conflict").await;
-                    ch = channel(conn).await?;
-                    if super::probe::queue(conn, q).await?.is_none() {
-                        return Err(BrokerError::other(format!("queue.declare {q}"), "it vanished"));
-                    }
-                }
-                other => other?,
+            if declare_or_keep(conn, &mut ch, q, args, &UPGRADED_ARGUMENTS)
+                .await?
+                .0
+            {
+                unversioned.push(q.clone());
             }
         }
         let (cancels, args) = &t.cancels;
@@ -65,7 +62,10 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
         bind(&ch, &names.expired, &names.lanes_later, none()).await?;
         bind(&ch, &names.due, &names.lanes, due_binding()).await?;
         timed(
-            &format!("exchange.bind {} to {}", names.lanes, names.expired_exchange),
+            &format!(
+                "exchange.bind {} to {}",
+                names.lanes, names.expired_exchange
+            ),
             RPC_TIMEOUT,
             ch.exchange_bind(
                 names.lanes.clone(),
@@ -78,7 +78,10 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
         .await?;
         // Before the lanes: the expired queue straight on the exchange.
         timed(
-            &format!("queue.unbind {} from {}", names.expired, names.expired_exchange),
+            &format!(
+                "queue.unbind {} from {}",
+                names.expired, names.expired_exchange
+            ),
             RPC_TIMEOUT,
             ch.queue_unbind(
                 names.expired.clone(),
@@ -89,22 +92,122 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<(), BrokerError>
         )
         .await?;
         for (q, args) in &t.buckets {
-            queue(&ch, q, args.clone()).await?;
+            if declare_or_keep(conn, &mut ch, q, args, &[]).await?.0 {
+                unversioned.push(q.clone());
+            }
         }
-        Ok(())
+        Ok(unversioned)
     }
     .await;
     close_channel(&ch, "declared").await;
     declared
 }
 
-/// Arguments of the router's own queues that this version added: a queue
+/// Arguments of the router's own queues that later versions added: a queue
 /// declared without them by an earlier version is kept.
 const UPGRADED_ARGUMENTS: [&str; 3] = [
     "x-delivery-limit",
     "x-dead-letter-exchange",
     "x-dead-letter-routing-key",
 ];
+
+/// Declares queue `q`; if it exists with other arguments and the broker
+/// names one of `kept` (an argument a later version added), keeps it as it
+/// is, with a warning saying what it lacks and how to upgrade it. A classic
+/// queue whose only difference is its `x-queue-version` (none, 1 or 2: the
+/// one that declares without complaint is found by declaring again) is kept
+/// and reported to the caller, who warns once for them all. A refused declare
+/// closes the channel: `ch` is then a new one.
+async fn declare_or_keep(
+    conn: &Connection,
+    ch: &mut Channel,
+    q: &ShortString,
+    args: &FieldTable,
+    kept: &[&str],
+) -> Result<Kept, BrokerError> {
+    let base = without(args, QUEUE_VERSION_ARGUMENT);
+    let wanted = args.inner().get(QUEUE_VERSION_ARGUMENT).cloned();
+    // The configured version first, then the others.
+    let mut versions = vec![wanted.clone()];
+    for other in [None, Some(2), Some(1)].map(|v| v.map(AMQPValue::LongLongInt)) {
+        if other != wanted {
+            versions.push(other);
+        }
+    }
+    let mut versions = versions.into_iter().peekable();
+    loop {
+        let version = versions.next().unwrap_or(None);
+        let mut attempt = base.clone();
+        if let Some(v) = &version {
+            attempt.insert(QUEUE_VERSION_ARGUMENT.into(), v.clone());
+        }
+        let other_version = version != wanted;
+        match queue(ch, q, attempt).await {
+            // Which argument differs is only in the broker's words.
+            Err(BrokerError::Conflict { detail, .. })
+                if kept.iter().any(|a| detail.contains(a))
+                    || (detail.contains(QUEUE_VERSION_ARGUMENT) && versions.peek().is_some()) =>
+            {
+                // The refused declare closed the channel.
+                close_channel(ch, "conflict").await;
+                *ch = channel(conn).await?;
+                if detail.contains(QUEUE_VERSION_ARGUMENT) && versions.peek().is_some() {
+                    continue;
+                }
+                warn!(
+                    queue = %q,
+                    difference = %detail,
+                    "kept as it was declared before: a quorum queue without the delivery limit and \
+                     dead-letter target of this version may drop a message delivered too often \
+                     (RabbitMQ 4's default limit); drain and delete it to have it declared anew"
+                );
+                if super::probe::queue(conn, q).await?.is_none() {
+                    return Err(BrokerError::other(
+                        format!("queue.declare {q}"),
+                        "it vanished",
+                    ));
+                }
+                return Ok(Kept(other_version));
+            }
+            other => return other.map(|()| Kept(other_version)),
+        }
+    }
+}
+
+/// `args` without `key` (lapin's tables only grow).
+fn without(args: &FieldTable, key: &str) -> FieldTable {
+    let mut rest = FieldTable::default();
+    for (k, v) in args.inner() {
+        if k.as_str() != key {
+            rest.insert(k.clone(), v.clone());
+        }
+    }
+    rest
+}
+
+/// Whether [`declare_or_keep`] kept a classic queue with another
+/// `x-queue-version` than configured.
+struct Kept(bool);
+
+/// One warning for the classic queues kept with another `x-queue-version`
+/// than configured.
+pub fn warn_unversioned(queues: &[ShortString]) {
+    if queues.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = queues.iter().map(|q| q.as_str()).collect();
+    warn!(
+        queues = %names.join(" "),
+        "{} classic queues kept as declared before, with another x-queue-version than \
+         [topology] classic_queue_version asks for: RabbitMQ refuses to change a queue's \
+         arguments. On RabbitMQ 3.10-3.13 a policy converts them in place: rabbitmqctl \
+         set_policy <name> '<pattern matching them>' '{{\"queue-version\":2}}' --apply-to \
+         queues (this warning stays: the router cannot see a policy). Or drain and delete them \
+         to have them declared anew at the next start; from RabbitMQ 4.0 every classic queue \
+         is version 2 whatever its argument says",
+        names.len()
+    );
+}
 
 /// Turns a PRECONDITION_FAILED on declare into an error that says what to do.
 fn conflict(kind: &'static str, name: &str, e: BrokerError) -> BrokerError {

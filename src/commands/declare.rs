@@ -12,7 +12,7 @@ pub async fn declare(config: &Config) -> Result<String, BrokerError> {
     let rules = Rules::from_config(config);
     let declared = broker::declare::declare(&conn, &rules.topology()).await;
     close_connection(&conn, "declared").await;
-    declared?;
+    broker::declare::warn_unversioned(&declared?);
     let names = &rules.names;
     Ok(format!(
         "declared {} buckets, {}, {}, {}, {} and {} on {}",

@@ -104,6 +104,7 @@ struct RawAmqp {
 struct RawTopology {
     prefix: Option<String>,
     queue_type: Option<String>,
+    classic_queue_version: Option<String>,
     check_interval: Option<String>,
 }
 
@@ -159,6 +160,9 @@ pub struct Config {
     /// bucket expires it goes to the due lane.
     pub due_within: std::time::Duration,
     pub queue_type: QueueType,
+    /// `[topology] classic_queue_version`: `x-queue-version` of every classic
+    /// queue the router declares; `None` declares none (the broker's default).
+    pub classic_queue_version: Option<u8>,
     pub ladder: Ladder,
     /// Retry policies, first match wins.
     pub policies: Vec<Policy>,
@@ -308,6 +312,31 @@ impl Config {
         let queue_type = queue_type_raw
             .parse::<QueueType>()
             .map_err(|m| invalid("topology.queue_type", &queue_type_raw, m))?;
+        let classic_queue_version = match raw.topology.classic_queue_version {
+            None => None,
+            Some(raw_version) => {
+                let key = "topology.classic_queue_version";
+                let version = match raw_version.trim() {
+                    "1" => 1,
+                    "2" => 2,
+                    _ => {
+                        return Err(invalid(
+                            key,
+                            &raw_version,
+                            "expected 1 or 2 (RabbitMQ's classic queue storage versions)".into(),
+                        ));
+                    }
+                };
+                if queue_type != QueueType::Classic {
+                    return Err(invalid(
+                        key,
+                        &raw_version,
+                        format!("applies to classic queues only; queue_type is \"{queue_type}\""),
+                    ));
+                }
+                Some(version)
+            }
+        };
         // `priority` with quorum buckets depends on the broker's version: the
         // router judges it once connected (core::compat).
         let rungs = raw
@@ -391,6 +420,7 @@ impl Config {
             strategy,
             due_within,
             queue_type,
+            classic_queue_version,
             ladder,
             policies,
             allow_destinations,

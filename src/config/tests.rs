@@ -56,8 +56,31 @@ fn invalid_values_name_the_key_and_the_value() {
     assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
     let e = err("[topology]\nqueue_type = \"mirrored\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.queue_type = \"mirrored\""), "{e}");
+    let e = err("[topology]\nclassic_queue_version = 3\n[[bucket]]\nttl = \"1s\"");
+    assert!(
+        e.starts_with("topology.classic_queue_version = \"3\": expected 1 or 2"),
+        "{e}"
+    );
+    let e = err(
+        "[topology]\nqueue_type = \"quorum\"\nclassic_queue_version = 2\n[[bucket]]\nttl = \"1s\"",
+    );
+    assert!(
+        e.starts_with("topology.classic_queue_version = \"2\": applies to classic queues only"),
+        "{e}"
+    );
     let e = err("[placement]\nstratgy = \"round-up\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.contains("stratgy"), "{e}");
+}
+
+#[test]
+fn the_classic_queue_version_is_unset_unless_configured() {
+    let one = "[[bucket]]\nttl = \"1s\"\n";
+    assert_eq!(Config::from_toml(one).unwrap().classic_queue_version, None);
+    let two = format!("[topology]\nclassic_queue_version = 2\n{one}");
+    assert_eq!(
+        Config::from_toml(&two).unwrap().classic_queue_version,
+        Some(2)
+    );
 }
 
 #[test]
@@ -103,6 +126,10 @@ fn environment_overrides_the_file() {
             "other".to_string(),
         ),
         ("DELAY_ROUTER__AMQP__PREFETCH".to_string(), "50".to_string()),
+        (
+            "DELAY_ROUTER__TOPOLOGY__CLASSIC_QUEUE_VERSION".to_string(),
+            "2".to_string(),
+        ),
         ("UNRELATED".to_string(), "x".to_string()),
     ];
     let c = Config::load_with_env(&path, env).unwrap();
@@ -110,6 +137,7 @@ fn environment_overrides_the_file() {
     assert_eq!(c.url.to_string(), "amqp://bob:***@example:5673/v");
     assert_eq!(c.prefix, "other");
     assert_eq!(c.prefetch, 50);
+    assert_eq!(c.classic_queue_version, Some(2));
     assert_eq!(c.ladder.smallest().ttl, Duration::from_secs(30));
     let bad = [(
         "DELAY_ROUTER__PLACEMENT__STRATEGY".to_string(),

@@ -112,6 +112,8 @@ pub struct Rules {
     pub policies: Vec<Policy>,
     /// Classic or quorum queues.
     pub queue_type: QueueType,
+    /// `x-queue-version` of the classic queues (`None`: the broker's default).
+    pub classic_version: Option<u8>,
     /// `[security] allow_destinations`; `None` allows every exchange.
     pub allow: Option<AllowList>,
     /// How long a tombstone lives (`[cancel] keep`).
@@ -136,6 +138,7 @@ impl Rules {
             router_user: router_user.to_owned(),
             policies: Vec::new(),
             queue_type: QueueType::Classic,
+            classic_version: None,
             allow: None,
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
@@ -167,6 +170,12 @@ impl Rules {
         self
     }
 
+    /// The same rules declaring classic queues with `x-queue-version`.
+    pub fn with_classic_version(mut self, version: Option<u8>) -> Self {
+        self.classic_version = version;
+        self
+    }
+
     /// The same rules with retry policies.
     pub fn with_policies(mut self, policies: Vec<Policy>) -> Self {
         self.policies = policies;
@@ -183,6 +192,7 @@ impl Rules {
         )
         .with_policies(config.policies.clone())
         .with_queue_type(config.queue_type)
+        .with_classic_version(config.classic_queue_version)
         .with_allow_list(config.allow_destinations.clone())
         .with_cancel_keep(config.cancel_keep)
         .with_due_within(config.due_within)
@@ -192,6 +202,7 @@ impl Rules {
     pub fn topology(&self) -> Topology {
         Topology::new(&self.names, self.strategy, self.queue_type, &self.ladder)
             .with_cancel_keep(self.cancel_keep)
+            .with_classic_version(self.classic_version)
     }
 
     /// The whole plan for one delivery (see the module documentation).

@@ -187,6 +187,21 @@ impl Topology {
         self
     }
 
+    /// The same topology with `x-queue-version` on every classic queue
+    /// (`None`: no argument, the broker's default version).
+    pub fn with_classic_version(mut self, version: Option<u8>) -> Self {
+        let Some(version) = version.filter(|_| self.queue_type == QueueType::Classic) else {
+            return self;
+        };
+        for (_, args) in self.own.iter_mut().chain(self.buckets.iter_mut()) {
+            args.insert(
+                QUEUE_VERSION_ARGUMENT.into(),
+                AMQPValue::LongLongInt(i64::from(version)),
+            );
+        }
+        self
+    }
+
     /// The bucket queue names.
     pub fn bucket_names(&self) -> Vec<ShortString> {
         self.buckets.iter().map(|(q, _)| q.clone()).collect()
@@ -288,6 +303,14 @@ pub fn cancels_arguments(keep: Duration) -> FieldTable {
     );
     args
 }
+
+/// The argument naming a classic queue's storage version (RabbitMQ 3.10 and
+/// later; version 2 is the only one from 4.0). Declared only when
+/// `[topology] classic_queue_version` is set: measured on 3.10.8 (README, A
+/// million waiting), version 2 buckets brought 200,000 waiting messages back
+/// with p99 lateness 26-44 ms against 2.4-2.9 s in version 1, but a million
+/// with p99 22 s against 2.6 s.
+pub const QUEUE_VERSION_ARGUMENT: &str = "x-queue-version";
 
 /// Arguments every router queue of this type carries.
 pub fn queue_arguments(queue_type: QueueType) -> FieldTable {
@@ -580,6 +603,29 @@ mod tests {
             FieldTable::default()
         );
         assert_eq!(limit(&args(&names.ingress, QueueType::Classic)), None);
+    }
+
+    #[test]
+    fn classic_queues_carry_the_configured_version_and_quorum_queues_none() {
+        let names = Names::new("p");
+        let ladder = Ladder::from_labels(&["1s", "3s"]).unwrap();
+        let version = |a: &FieldTable| a.inner().get(QUEUE_VERSION_ARGUMENT).cloned();
+        for (queue_type, configured, expected) in [
+            (QueueType::Classic, Some(2), Some(AMQPValue::LongLongInt(2))),
+            (QueueType::Classic, Some(1), Some(AMQPValue::LongLongInt(1))),
+            (QueueType::Classic, None, None),
+            (QueueType::Quorum, Some(2), None),
+        ] {
+            let t = Topology::new(&names, PlacementStrategy::Cascade, queue_type, &ladder)
+                .with_classic_version(configured);
+            assert_eq!(t.buckets.len(), 2);
+            assert!(!t.own.is_empty());
+            for (q, args) in t.buckets.iter().chain(&t.own) {
+                assert_eq!(version(args), expected, "{queue_type} {configured:?} {q}");
+            }
+            // The cancels stream is a stream whatever the buckets are.
+            assert_eq!(version(&t.cancels.1), None);
+        }
     }
 
     #[test]

@@ -94,6 +94,7 @@ pub async fn check(
              (messages a classic bucket expired meanwhile, or that were in a deleted queue, are lost)"
         );
     }
+    // Queues kept without x-queue-version were reported at connect.
     declare::declare(conn, t).await?;
     if !gone.is_empty() {
         info!(repaired = %gone.join(", "), "topology repaired");

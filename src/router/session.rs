@@ -259,6 +259,6 @@ async fn prepare(
     {
         error!(missing = %gone.join(", "), "topology drift found at start: declaring the missing exchanges and queues again");
     }
-    broker::declare::declare(conn, topology).await?;
+    broker::declare::warn_unversioned(&broker::declare::declare(conn, topology).await?);
     Ok(janitor::record(conn, topology).await?)
 }
