@@ -12,7 +12,8 @@
 //!    places messages published at BENCH_RATE per second for BENCH_SECS
 //!    seconds into a 3 s bucket (longer than the 2 s the router times itself), so it both places and forwards; utime +
 //!    stime from /proc over that span, divided by the events (placements and
-//!    deliveries) — idle wake-ups included.
+//!    deliveries) — idle wake-ups included — and the context switches of
+//!    all the router's threads (`/proc/<pid>/task/*/status`) per event.
 //!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
 //! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
@@ -217,7 +218,7 @@ fn top_functions(profile: &Path, count: usize) -> Vec<String> {
 /// The router at `rate` messages/s for `secs` seconds through a 3 s bucket
 /// (a longer delay than the 2 s the router would time itself):
 /// CPU µs per event (placement or delivery).
-async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &Path) -> (f64, u64) {
+async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &Path) -> LowRate {
     let s = setup(conn, "[[bucket]]\nttl = \"3s\"\n").await;
     let dest = format!("{}.dest", s.rules.names.prefix);
     ch.queue_declare(
@@ -241,6 +242,7 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     let p = props("3s", &dest);
     let exchange = s.rules.names.router_exchange.as_str().to_owned();
     let (cpu_before, _) = procfs::cpu_and_rss(pid);
+    let switches_before = procfs::context_switches(pid);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     let started = Instant::now();
     let mut sent = 0;
@@ -251,13 +253,26 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     }
     wait_depth(conn, &dest, sent as u32, Duration::from_secs(60)).await;
     let (cpu_after, rss) = procfs::cpu_and_rss(pid);
+    let switches = procfs::context_switches(pid).saturating_sub(switches_before);
     stop.interrupt().await;
     let _ = ch
         .queue_delete(dest.as_str().into(), QueueDeleteOptions::default())
         .await;
     teardown(ch, s).await;
     // Each message is two events: placed, then forwarded.
-    ((cpu_after - cpu_before) as f64 / (2 * sent) as f64, rss)
+    let events = (2 * sent) as f64;
+    LowRate {
+        us_per_event: (cpu_after - cpu_before) as f64 / events,
+        switches_per_event: switches as f64 / events,
+        peak_rss_kib: rss,
+    }
+}
+
+/// What the low-rate run measured.
+struct LowRate {
+    us_per_event: f64,
+    switches_per_event: f64,
+    peak_rss_kib: u64,
 }
 
 async fn depth_consumers(ch: &Channel, queue: &str) -> u32 {
@@ -308,8 +323,11 @@ fn main() {
         if std::env::var_os("BENCH_LOW_RATE_ONLY").is_none() {
             instructions(&conn, &ch, small, large, &bin).await;
         }
-        let (us, rss) = low_rate(&conn, &ch, rate, secs, &bin).await;
-        println!("at {rate} messages/s for {secs} s (placed and forwarded): CPU {us:.1} µs per event, peak RSS {rss} KiB");
+        let r = low_rate(&conn, &ch, rate, secs, &bin).await;
+        println!(
+            "at {rate} messages/s for {secs} s (placed and forwarded): CPU {:.1} µs per event, {:.1} context switches per event, peak RSS {} KiB",
+            r.us_per_event, r.switches_per_event, r.peak_rss_kib
+        );
     });
 }
 

@@ -105,6 +105,8 @@ async fn wait_depth(conn: &Connection, queue: &str, n: u32) {
 struct Drain {
     rate: f64,
     cpu_us_per_msg: f64,
+    /// Context switches of the router's threads per message (0 for the shovel).
+    switches_per_msg: f64,
     rss_kib: u64,
 }
 
@@ -112,15 +114,20 @@ struct Drain {
 async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>) -> Drain {
     let start = Instant::now();
     let mut first: Option<(Instant, u32, u64)> = None;
+    let mut switches_before = 0;
     loop {
         let d = depth(conn, dst).await;
         let now = Instant::now();
         if first.is_none() && d > 0 {
             first = Some((now, d, pid.map_or(0, |p| procfs::cpu_and_rss(p).0)));
+            switches_before = pid.map_or(0, procfs::context_switches);
         }
         if d >= n {
             let (t, base, cpu_before) = first.unwrap();
             let (cpu_after, rss_kib) = pid.map_or((0, 0), procfs::cpu_and_rss);
+            let switches = pid
+                .map_or(0, procfs::context_switches)
+                .saturating_sub(switches_before);
             let moved = f64::from(n - base);
             let secs = (now - t).as_secs_f64();
             return Drain {
@@ -130,6 +137,7 @@ async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>) -> D
                     f64::INFINITY
                 },
                 cpu_us_per_msg: (cpu_after - cpu_before) as f64 / moved.max(1.0),
+                switches_per_msg: switches as f64 / moved.max(1.0),
                 rss_kib,
             };
         }
@@ -294,7 +302,7 @@ fn main() {
         let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
         let baseline = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut cpus, mut rss) = (Vec::new(), Vec::new());
+        let (mut cpus, mut rss, mut switches) = (Vec::new(), Vec::new(), Vec::new());
         let (mut baselines, mut vs_baseline) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             // Rotate who goes first so nobody always runs on a warmer broker.
@@ -310,14 +318,15 @@ fn main() {
                     None => s = shovel_round(&conn, n).await,
                     Some(bin) if bin == this => {
                         let d = router_round(&conn, n, &bin).await;
-                        println!("round {round}: router CPU {:.1} µs/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.rss_kib);
+                        println!("round {round}: router CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib);
                         cpus.push(d.cpu_us_per_msg);
+                        switches.push(d.switches_per_msg);
                         rss.push(d.rss_kib as f64 / 1024.0);
                         r = d.rate;
                     }
                     Some(bin) => {
                         let d = router_round(&conn, n, &bin).await;
-                        println!("round {round}: baseline CPU {:.1} µs/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.rss_kib);
+                        println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib);
                         b = Some(d.rate);
                     }
                 }
@@ -334,7 +343,7 @@ fn main() {
             shovels.push(s);
             ratios.push(r / s);
         }
-        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss] {
+        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss, &mut switches] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
         println!();
@@ -346,6 +355,7 @@ fn main() {
             ("shovel msg/s", &shovels, 0),
             ("ratio router/shovel", &ratios, 2),
             ("router CPU µs/msg", &cpus, 1),
+            ("router context switches/msg", &switches, 2),
             ("router peak RSS MiB", &rss, 1),
         ];
         if baseline.is_some() {

@@ -18,3 +18,26 @@ pub fn cpu_and_rss(pid: u32) -> (u64, u64) {
         .unwrap_or(0);
     (ticks * 10_000, hwm) // 100 ticks per second on Linux
 }
+
+/// Context switches of every live thread of `pid` (voluntary and not), from
+/// `/proc/<pid>/task/*/status`: each wake-up of a sleeping thread is one.
+#[allow(dead_code)] // not every bench that shares this module reads it
+pub fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .filter_map(|l| {
+                    l.strip_prefix("voluntary_ctxt_switches:")
+                        .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                })
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
