@@ -24,8 +24,10 @@ use tokio::sync::mpsc;
 /// message-id), as it would for any delivery in flight.
 pub const ACK_LINGER: Duration = Duration::from_millis(100);
 
-/// Settled deliveries that are acked at once, without lingering.
-pub const ACK_BATCH: usize = 64;
+/// Settled deliveries that are acked at once, without lingering. It bounds
+/// what a crash sends twice beyond the deliveries in flight: with 64, the
+/// chaos test's duplicates went from 1.9-3.1 % to 3.8-7.9 % of messages.
+pub const ACK_BATCH: usize = 16;
 
 /// What the settler learns, in order: a tag was delivered, or its replacement confirmed.
 #[derive(Debug, Clone, Copy)]
