@@ -2,7 +2,7 @@
 //! of contiguous deliveries whose replacements are confirmed, as RabbitMQ's
 //! shovel does. A delivery is never acked before its own replacement is
 //! confirmed. Deliveries settled behind one that is not (cascade holds its
-//! last fraction for up to 250 ms while the delivery stays unacked) are
+//! last fraction, up to 2 s, while the delivery stays unacked) are
 //! acked one by one at once: left unacked, each would be sent twice if the
 //! router died meanwhile.
 //!
