@@ -94,22 +94,6 @@ fn kombu_python() -> PathBuf {
     python
 }
 
-fn broker_pid() -> u32 {
-    if let Some(pid) = std::env::var("BENCH_BROKER_PID")
-        .ok()
-        .and_then(|p| p.parse().ok())
-    {
-        return pid;
-    }
-    let ctl = std::env::var("BENCH_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
-    let mut parts = ctl.split_whitespace();
-    let out = run(Command::new(parts.next().unwrap())
-        .args(parts)
-        .args(["eval", "os:getpid()."]))
-    .expect("the broker's pid (set BENCH_BROKER_PID)");
-    out.trim().trim_matches('"').parse().expect("a pid")
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Design {
     Router,
@@ -391,7 +375,7 @@ fn main() {
         spread: Duration::from_secs(env_or("BENCH_SPREAD_SECS", 20)),
     };
     let python = kombu_python();
-    let broker = broker_pid();
+    let broker = procfs::broker_pid();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -12,6 +12,15 @@
 //! The router is the release binary in its own process, as users run it, with
 //! the shipped prefetch unless BENCH_PREFETCH says otherwise.
 //!
+//! Beside the rates it prints the CPU per message of each drain: the
+//! router's, and the broker's (beam.smp, from /proc; BENCH_BROKER_PID or
+//! `rabbitmqctl eval`) while the router drains and while the shovel does
+//! (the shovel runs inside the broker, so its own work is in that figure).
+//!
+//! BENCH_SHOVEL_SHAPE=placed: the shovel moves messages shaped as the router's
+//! output (its transit headers and derived `message-id`, about 200 bytes of
+//! properties more than the senders' messages), not as its input.
+//!
 //! `cargo bench --bench throughput` (env: BENCH_MESSAGES=30000 BENCH_ROUNDS=5).
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
 //! round (same broker, same run), to compare two builds of the router.
@@ -21,6 +30,7 @@ mod procfs;
 use delay_router::broker;
 use delay_router::config::Config;
 use delay_router::core::decision::{Action, Rules};
+use delay_router::core::identity;
 use delay_router::core::topology::{QueueType, queue_arguments};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -59,7 +69,35 @@ fn props() -> BasicProperties {
         .with_headers(h)
 }
 
-async fn prefill(ch: &Channel, exchange: &str, routing_key: &str, n: usize) {
+/// The properties the router gives a message of [`props`] when it places
+/// it: its transit headers and a derived `message-id`. BENCH_SHOVEL_SHAPE=placed
+/// has the shovel move messages of this shape, so both move the same bytes.
+fn placed_props() -> BasicProperties {
+    let text = "[amqp]\nurl = \"amqp://127.0.0.1\"\n[topology]\nprefix = \"bench-00000000\"\n[[bucket]]\nttl = \"1h\"\n";
+    let config = Config::from_toml(text).unwrap();
+    let rules = Rules::new(&config.ladder, config.strategy, "bench-00000000", "guest");
+    let now_ms = 1_800_000_000_000;
+    let Action::Wait { properties, .. } = rules.on_ingress(&"bench".into(), &props(), now_ms, 0.0)
+    else {
+        panic!("a 30m delay waits in a bucket")
+    };
+    let body = vec![b'x'; BODY];
+    let id = identity::derive(
+        &props(),
+        rules.names.router_exchange.as_str(),
+        "bench",
+        &body,
+    );
+    properties.with_message_id(id.into())
+}
+
+async fn prefill(
+    ch: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    n: usize,
+    properties: &BasicProperties,
+) {
     let body = vec![b'x'; BODY];
     let mut pending = Vec::with_capacity(WINDOW);
     for _ in 0..n {
@@ -69,7 +107,7 @@ async fn prefill(ch: &Channel, exchange: &str, routing_key: &str, n: usize) {
                 routing_key.into(),
                 BasicPublishOptions::default(),
                 &body,
-                props(),
+                properties.clone(),
             )
             .await
             .expect("publish");
@@ -105,26 +143,31 @@ async fn wait_depth(conn: &Connection, queue: &str, n: u32) {
 struct Drain {
     rate: f64,
     cpu_us_per_msg: f64,
+    /// The broker's CPU (beam.smp) per message over the same span; for the
+    /// shovel's drain it includes the shovel, which runs inside the broker.
+    broker_us_per_msg: f64,
     /// Context switches of the router's threads per message (0 for the shovel).
     switches_per_msg: f64,
     rss_kib: u64,
 }
 
 /// Polls `dst` until it holds `n`.
-async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>) -> Drain {
+async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>, broker: u32) -> Drain {
     let start = Instant::now();
     let mut first: Option<(Instant, u32, u64)> = None;
-    let mut switches_before = 0;
+    let (mut switches_before, mut broker_before) = (0, 0);
     loop {
         let d = depth(conn, dst).await;
         let now = Instant::now();
         if first.is_none() && d > 0 {
             first = Some((now, d, pid.map_or(0, |p| procfs::cpu_and_rss(p).0)));
             switches_before = pid.map_or(0, procfs::context_switches);
+            broker_before = procfs::cpu_and_rss(broker).0;
         }
         if d >= n {
             let (t, base, cpu_before) = first.unwrap();
             let (cpu_after, rss_kib) = pid.map_or((0, 0), procfs::cpu_and_rss);
+            let broker_after = procfs::cpu_and_rss(broker).0;
             let switches = pid
                 .map_or(0, procfs::context_switches)
                 .saturating_sub(switches_before);
@@ -137,6 +180,8 @@ async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>) -> D
                     f64::INFINITY
                 },
                 cpu_us_per_msg: (cpu_after - cpu_before) as f64 / moved.max(1.0),
+                broker_us_per_msg: broker_after.saturating_sub(broker_before) as f64
+                    / moved.max(1.0),
                 switches_per_msg: switches as f64 / moved.max(1.0),
                 rss_kib,
             };
@@ -161,7 +206,7 @@ async fn delete_queues(ch: &Channel, queues: &[String]) {
     }
 }
 
-async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> Drain {
+async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path, broker: u32) -> Drain {
     let prefix = prefix();
     let prefetch = std::env::var("BENCH_PREFETCH")
         .map(|p| format!("prefetch = \"{p}\"\n"))
@@ -179,7 +224,7 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    prefill(&ch, names.router_exchange.as_str(), "bench", n).await;
+    prefill(&ch, names.router_exchange.as_str(), "bench", n, &props()).await;
     wait_depth(conn, names.ingress.as_str(), n as u32).await;
     // The bucket the router places these messages in, by its own decision.
     let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
@@ -202,7 +247,7 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path) -> 
     // Killed if the measurement panics, so no router outlives the bench.
     let mut guard = KillOnDrop(Some(child));
     let pid = guard.0.as_ref().map(std::process::Child::id);
-    let drain = drain_rate(conn, &bucket, n as u32, pid).await;
+    let drain = drain_rate(conn, &bucket, n as u32, pid, broker).await;
     let mut child = guard.0.take().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -240,7 +285,7 @@ fn rabbitmqctl(args: &[&str]) {
     );
 }
 
-async fn shovel_round(conn: &Connection, n: usize) -> f64 {
+async fn shovel_round(conn: &Connection, n: usize, broker: u32) -> Drain {
     let prefix = prefix();
     let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
     let ch = conn.create_channel().await.unwrap();
@@ -257,7 +302,11 @@ async fn shovel_round(conn: &Connection, n: usize) -> f64 {
         .await
         .unwrap();
     }
-    prefill(&ch, "", &src, n).await;
+    let shape = match std::env::var("BENCH_SHOVEL_SHAPE").as_deref() {
+        Ok("placed") => placed_props(),
+        _ => props(),
+    };
+    prefill(&ch, "", &src, n, &shape).await;
     wait_depth(conn, &src, n as u32).await;
     let definition = format!(
         r#"{{"src-protocol":"amqp091","src-uri":"amqp://guest:guest@127.0.0.1","src-queue":"{src}","dest-protocol":"amqp091","dest-uri":"amqp://guest:guest@127.0.0.1","dest-queue":"{dst}","ack-mode":"on-confirm","src-prefetch-count":1000}}"#
@@ -269,11 +318,11 @@ async fn shovel_round(conn: &Connection, n: usize) -> f64 {
             rabbitmqctl(&["set_parameter", "-q", "shovel", &name, &definition])
         })
     };
-    let rate = drain_rate(conn, &dst, n as u32, None).await.rate;
+    let drain = drain_rate(conn, &dst, n as u32, None, broker).await;
     setter.await.unwrap();
     rabbitmqctl(&["clear_parameter", "-q", "shovel", &name]);
     delete_queues(&ch, &[src, dst]).await;
-    rate
+    drain
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -304,6 +353,11 @@ fn main() {
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut cpus, mut rss, mut switches) = (Vec::new(), Vec::new(), Vec::new());
         let (mut baselines, mut vs_baseline) = (Vec::new(), Vec::new());
+        // The machine's CPU per message: the broker's in each drain, and
+        // the router's added to it.
+        let broker = procfs::broker_pid();
+        let (mut broker_router, mut machine_router, mut broker_shovel) =
+            (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
             // Rotate who goes first so nobody always runs on a warmer broker.
             let mut contenders = vec![Some(this.clone()), None];
@@ -315,18 +369,25 @@ fn main() {
             let (mut r, mut s, mut b) = (0.0, 0.0, None);
             for c in contenders {
                 match c {
-                    None => s = shovel_round(&conn, n).await,
+                    None => {
+                        let d = shovel_round(&conn, n, broker).await;
+                        println!("round {round}: shovel: broker CPU {:.1} µs/msg (the shovel included)", d.broker_us_per_msg);
+                        broker_shovel.push(d.broker_us_per_msg);
+                        s = d.rate;
+                    }
                     Some(bin) if bin == this => {
-                        let d = router_round(&conn, n, &bin).await;
-                        println!("round {round}: router CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib);
+                        let d = router_round(&conn, n, &bin, broker).await;
+                        println!("round {round}: router CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
+                        broker_router.push(d.broker_us_per_msg);
+                        machine_router.push(d.broker_us_per_msg + d.cpu_us_per_msg);
                         cpus.push(d.cpu_us_per_msg);
                         switches.push(d.switches_per_msg);
                         rss.push(d.rss_kib as f64 / 1024.0);
                         r = d.rate;
                     }
                     Some(bin) => {
-                        let d = router_round(&conn, n, &bin).await;
-                        println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib);
+                        let d = router_round(&conn, n, &bin, broker).await;
+                        println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         b = Some(d.rate);
                     }
                 }
@@ -343,11 +404,15 @@ fn main() {
             shovels.push(s);
             ratios.push(r / s);
         }
-        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss, &mut switches] {
+        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss, &mut switches, &mut broker_router, &mut machine_router, &mut broker_shovel] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
         println!();
-        println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue");
+        let shape = match std::env::var("BENCH_SHOVEL_SHAPE").as_deref() {
+            Ok("placed") => "messages shaped as the router places them",
+            _ => "the senders' messages",
+        };
+        println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue ({shape})");
         println!("| | min | median | max |");
         println!("|---|---|---|---|");
         let mut rows = vec![
@@ -357,6 +422,9 @@ fn main() {
             ("router CPU µs/msg", &cpus, 1),
             ("router context switches/msg", &switches, 2),
             ("router peak RSS MiB", &rss, 1),
+            ("broker CPU µs/msg, router's drain", &broker_router, 1),
+            ("router + broker CPU µs/msg", &machine_router, 1),
+            ("broker CPU µs/msg, shovel's drain (shovel included)", &broker_shovel, 1),
         ];
         if baseline.is_some() {
             rows.push(("baseline msg/s", &baselines, 0));

@@ -15,6 +15,7 @@ use delay_router::testkit::rules::{any_queue_policy, every_strategy};
 use lapin::BasicProperties;
 use lapin::types::ShortString;
 use proptest::prelude::*;
+use std::borrow::Cow;
 
 fn rules() -> Vec<Rules> {
     let ladder = Ladder::from_labels(&["1s", "2s", "5s"]).unwrap();
@@ -65,8 +66,8 @@ proptest! {
         let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max, cancelled, hold_up_to };
         for rules in rules() {
             let delivery = |source, properties: &BasicProperties| {
-                let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties, body: &body };
-                rules.decide(&d, &cx(NOW + if source == Source::Expired { later } else { 0 }))
+                let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties: Cow::Borrowed(properties), body: &body };
+                rules.decide(d, &cx(NOW + if source == Source::Expired { later } else { 0 }))
             };
             let plan = delivery(Source::Ingress, &p);
             publishable(&plan.action, frame_max)?;

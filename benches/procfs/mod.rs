@@ -1,4 +1,5 @@
-//! What a bench reads about a process from /proc: CPU time and peak RSS.
+//! What a bench reads about a process from /proc: CPU time and peak RSS,
+//! and which process is the broker's.
 
 /// utime + stime of `pid` (every thread), in microseconds; peak RSS in KiB.
 pub fn cpu_and_rss(pid: u32) -> (u64, u64) {
@@ -40,4 +41,33 @@ pub fn context_switches(pid: u32) -> u64 {
                 .sum::<u64>()
         })
         .sum()
+}
+
+/// The broker's beam.smp: BENCH_BROKER_PID, else what `rabbitmqctl eval
+/// 'os:getpid().'` answers (BENCH_CTL names another rabbitmqctl).
+#[allow(dead_code)] // not every bench that shares this module reads it
+pub fn broker_pid() -> u32 {
+    if let Some(pid) = std::env::var("BENCH_BROKER_PID")
+        .ok()
+        .and_then(|p| p.parse().ok())
+    {
+        return pid;
+    }
+    let ctl = std::env::var("BENCH_CTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut parts = ctl.split_whitespace();
+    let out = std::process::Command::new(parts.next().expect("BENCH_CTL"))
+        .args(parts)
+        .args(["eval", "os:getpid()."])
+        .output()
+        .expect("rabbitmqctl (set BENCH_BROKER_PID)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl eval os:getpid(): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_matches('"')
+        .parse()
+        .expect("a pid")
 }

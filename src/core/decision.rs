@@ -30,6 +30,7 @@ use crate::core::security::AllowList;
 use crate::core::topology::{self, Names, QueueType, Topology};
 use lapin::BasicProperties;
 use lapin::types::ShortString;
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Which of the router's queues a delivery came from.
@@ -69,13 +70,15 @@ impl Source {
 }
 
 /// One delivery as the core sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Delivery<'a> {
     pub source: Source,
     /// The exchange and routing key it was published with.
     pub exchange: &'a str,
     pub routing_key: &'a ShortString,
-    pub properties: &'a BasicProperties,
+    /// Owned when the caller can give them up: the outgoing properties are
+    /// then built from them without a copy.
+    pub properties: Cow<'a, BasicProperties>,
     pub body: &'a [u8],
 }
 
@@ -206,18 +209,20 @@ impl Rules {
     }
 
     /// The whole plan for one delivery (see the module documentation).
-    pub fn decide(&self, d: &Delivery<'_>, cx: &Context) -> Plan {
+    pub fn decide(&self, d: Delivery<'_>, cx: &Context) -> Plan {
         // Quorum queues add x-delivery-count (and from 4.0 x-acquired-count)
         // when they redeliver; they count that queue's deliveries, not the
         // sender's, so they go.
-        let received = match self.queue_type {
-            QueueType::Quorum => envelope::without_redelivery_headers(d.properties),
-            QueueType::Classic => None,
+        let props = match self.queue_type {
+            QueueType::Quorum => match envelope::without_redelivery_headers(&d.properties) {
+                Some(received) => Cow::Owned(received),
+                None => d.properties,
+            },
+            QueueType::Classic => d.properties,
         };
-        let props = received.as_ref().unwrap_or(d.properties);
         let mut retry_policy = None;
         let action = match d.source {
-            Source::Ingress => match self.cancel_request(props, cx.stamp_ms) {
+            Source::Ingress => match self.cancel_request(&props, cx.stamp_ms) {
                 Some(action) => action,
                 None => {
                     let sender = identity::ensure_message_id(
@@ -234,16 +239,16 @@ impl Rules {
                         cx.hold_up_to,
                     );
                     retry_policy = policy;
-                    self.within_frame(action, || sender, cx.now_ms, cx.frame_max)
+                    self.within_frame(action, || sender.into_owned(), cx.now_ms, cx.frame_max)
                 }
             },
             Source::Expired | Source::Due => {
                 let action = if cx.cancelled {
-                    cancelled(props, cx.now_ms)
+                    cancelled(&props, cx.now_ms)
                 } else {
-                    self.expired_holding(props, cx.now_ms, cx.hold_up_to)
+                    self.expired_holding(&props, cx.now_ms, cx.hold_up_to)
                 };
-                let sender = || envelope::sender_properties(props);
+                let sender = || envelope::sender_properties(&props);
                 self.within_frame(action, sender, cx.now_ms, cx.frame_max)
             }
         };

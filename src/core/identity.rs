@@ -14,23 +14,26 @@
 
 use crate::core::wire;
 use lapin::BasicProperties;
+use std::borrow::Cow;
 
 /// Prefix of ids the router derives.
 pub const PREFIX: &str = "dr-";
 
 /// `p` with a `message-id`: the sender's own when it has a non-empty one,
 /// else one derived from the message's content.
-pub fn ensure_message_id(
-    p: &BasicProperties,
+/// Copied only when they are borrowed and need the id.
+pub fn ensure_message_id<'a>(
+    p: Cow<'a, BasicProperties>,
     exchange: &str,
     routing_key: &str,
     body: &[u8],
-) -> BasicProperties {
+) -> Cow<'a, BasicProperties> {
     match p.message_id() {
-        Some(id) if !id.as_str().is_empty() => p.clone(),
-        _ => p
-            .clone()
-            .with_message_id(derive(p, exchange, routing_key, body).into()),
+        Some(id) if !id.as_str().is_empty() => p,
+        _ => {
+            let id = derive(&p, exchange, routing_key, body).into();
+            Cow::Owned(p.into_owned().with_message_id(id))
+        }
     }
 }
 
@@ -81,13 +84,15 @@ mod tests {
     #[test]
     fn a_senders_id_is_kept() {
         let p = props(5).with_message_id("order-17".into());
-        assert_eq!(ensure_message_id(&p, "x", "k", b"body"), p);
+        let kept = ensure_message_id(Cow::Borrowed(&p), "x", "k", b"body");
+        assert!(matches!(kept, Cow::Borrowed(_)), "not copied");
+        assert_eq!(*kept, p);
     }
 
     #[test]
     fn an_empty_id_is_replaced() {
         let p = props(5).with_message_id("".into());
-        let id = ensure_message_id(&p, "x", "k", b"body");
+        let id = ensure_message_id(Cow::Borrowed(&p), "x", "k", b"body");
         assert!(
             id.message_id()
                 .as_ref()
@@ -99,8 +104,9 @@ mod tests {
 
     #[test]
     fn the_same_message_always_gets_the_same_id() {
-        let a = ensure_message_id(&props(5), "x", "k", b"body");
-        let b = ensure_message_id(&props(5), "x", "k", b"body");
+        let a = ensure_message_id(Cow::Owned(props(5)), "x", "k", b"body");
+        let borrowed = props(5);
+        let b = ensure_message_id(Cow::Borrowed(&borrowed), "x", "k", b"body");
         assert_eq!(a.message_id(), b.message_id());
         let id = a.message_id().as_ref().unwrap().to_string();
         assert_eq!(id.len(), PREFIX.len() + 32);

@@ -5,6 +5,7 @@ use crate::core::contract::{integer, type_name};
 use crate::core::glob::glob_match;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Out, on retried and delivered messages: failures so far (the router counts them).
@@ -139,12 +140,15 @@ pub fn record_failure(
 
 /// The explicit path counts a retry when the message carries the attempts
 /// header (the client API sets it); plain delayed messages stay untouched.
-pub fn count_attempt(p: &BasicProperties, now_ms: i64) -> BasicProperties {
+pub fn count_attempt(p: &BasicProperties, now_ms: i64) -> Cow<'_, BasicProperties> {
     match p.headers() {
-        Some(h) if h.contains_key(ATTEMPTS) => {
-            record_failure(p, attempts(h).saturating_add(1), now_ms, None)
-        }
-        _ => p.clone(),
+        Some(h) if h.contains_key(ATTEMPTS) => Cow::Owned(record_failure(
+            p,
+            attempts(h).saturating_add(1),
+            now_ms,
+            None,
+        )),
+        _ => Cow::Borrowed(p),
     }
 }
 

@@ -16,7 +16,9 @@ const HEADER_FRAME_OVERHEAD: usize = 7 + 12 + 1;
 /// The properties as AMQP 0-9-1 encodes them (flags, then each property).
 /// `None` only if the encoder refuses them (a string too long for its type).
 pub fn encode_properties(p: &BasicProperties) -> Option<Vec<u8>> {
-    cookie_factory::gen_simple(gen_properties(p), Vec::new()).ok()
+    // Sized up front: growing from empty reallocated and copied it often.
+    let buf = Vec::with_capacity(encoded_len(p).unwrap_or(0));
+    cookie_factory::gen_simple(gen_properties(p), buf).ok()
 }
 
 /// The size of the content-header frame that carries `p`; `None` when a

@@ -21,6 +21,7 @@ use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, Consumer};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -214,11 +215,11 @@ impl Pipeline {
             source: self.source,
             exchange: delivery.exchange.as_str(),
             routing_key: &delivery.routing_key,
-            properties: &delivery.properties,
+            properties: Cow::Owned(delivery.properties),
             body: &delivery.data,
         };
         forwarder.delivered(delivery.delivery_tag)?;
-        let plan = self.rules.decide(&d, &cx);
+        let plan = self.rules.decide(d, &cx);
         if let (Source::Expired | Source::Due, Action::Deliver { due_ms, .. }) =
             (self.source, &plan.action)
         {
@@ -240,7 +241,9 @@ impl Pipeline {
         let fault = self.fault.clone();
         let stats = self.stats.clone();
         stats.in_flight(1);
-        tracker.spawn(
+        // Boxed: the future is large, and tokio moves it several times
+        // on its way into the task (README, CPU per message).
+        tracker.spawn(Box::pin(
             async move {
                 match forwarder.forward(pending).await {
                     Ok(()) => {}
@@ -261,7 +264,7 @@ impl Pipeline {
                 stats.in_flight(-1);
             }
             .in_current_span(),
-        );
+        ));
         Ok(())
     }
 }

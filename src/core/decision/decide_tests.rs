@@ -25,11 +25,11 @@ fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
     };
     let decide = |p: &BasicProperties| {
         rules().decide(
-            &Delivery {
+            Delivery {
                 source: Source::Ingress,
                 exchange: "t.router",
                 routing_key: &"eu".into(),
-                properties: p,
+                properties: Cow::Borrowed(p),
                 body: b"body",
             },
             &cx,
@@ -74,14 +74,16 @@ fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
         source: Source::Ingress,
         exchange: "t.router",
         routing_key: &"eu".into(),
-        properties: &p,
+        properties: Cow::Borrowed(&p),
         body: b"",
     };
-    let quorum = rules().with_queue_type(QueueType::Quorum).decide(&d, &cx);
+    let quorum = rules()
+        .with_queue_type(QueueType::Quorum)
+        .decide(d.clone(), &cx);
     let h = quorum.action.properties().headers().clone().unwrap();
     assert!(!h.contains_key("x-delivery-count"));
     assert!(!h.contains_key("x-acquired-count"));
-    let classic = rules().decide(&d, &cx);
+    let classic = rules().decide(d, &cx);
     assert_eq!(classic.action.properties(), &p, "classic queues add none");
 }
 

@@ -14,6 +14,7 @@ use crate::core::retry::{self, Rejection};
 use crate::core::wire;
 use lapin::BasicProperties;
 use lapin::types::{FieldTable, ShortString};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// A retry policy's delay for this attempt, and the policy's name.
@@ -84,13 +85,13 @@ impl Rules {
         }
     }
 
-    fn admit(
+    fn admit<'a>(
         &self,
         routing_key: &ShortString,
-        p: &BasicProperties,
+        p: &'a BasicProperties,
         now_ms: i64,
         unit: f64,
-    ) -> Result<(Transit, BasicProperties, Option<String>), Box<Refusal>> {
+    ) -> Result<(Transit, Cow<'a, BasicProperties>, Option<String>), Box<Refusal>> {
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
         let explicit = headers.inner().get(REQUESTED_DELAY);
@@ -104,7 +105,10 @@ impl Rules {
         // rejected message's time is past, its policy or delay decides.
         let mut deliver_at = None;
         let (destination, p, policy_delay) = match rejection {
-            Some(rejection) => self.retry(&rejection, headers, p, now_ms, unit)?,
+            Some(rejection) => {
+                let (destination, p, delay) = self.retry(&rejection, headers, p, now_ms, unit)?;
+                (destination, Cow::Owned(p), delay)
+            }
             None => {
                 let destination = contract::requested_destination(headers, routing_key)
                     .map_err(|e| refuse(ParkReason::InvalidDestination(e), None, p))?;
