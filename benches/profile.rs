@@ -15,6 +15,11 @@
 //!    deliveries) — idle wake-ups included — and the context switches of
 //!    all the router's threads (`/proc/<pid>/task/*/status`) per event.
 //!
+//! BENCH_WAY=delivery measures the other half of a message's way instead of
+//! placement: prefilled into the expired queue (the broker dead-letters them
+//! from a bucket, its death headers on them, their deadline past), delivered
+//! to a destination queue.
+//!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
 //! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
 //! BENCH_BIN=/path/to/delay-router measures another build).
@@ -103,13 +108,17 @@ async fn teardown(ch: &Channel, setup: Setup) {
 }
 
 async fn publish(ch: &Channel, exchange: &str, p: &BasicProperties, n: u64) {
+    publish_to(ch, exchange, "bench", p, n).await;
+}
+
+async fn publish_to(ch: &Channel, exchange: &str, routing_key: &str, p: &BasicProperties, n: u64) {
     let body = vec![b'x'; BODY];
     let mut pending = Vec::new();
     for _ in 0..n {
         let c = ch
             .basic_publish(
                 exchange.into(),
-                "bench".into(),
+                routing_key.into(),
                 BasicPublishOptions::default(),
                 &body,
                 p.clone(),
@@ -154,22 +163,84 @@ impl Drop for Stop {
     }
 }
 
-/// Runs the router under callgrind until it has placed `n` prefilled
-/// messages; returns the total instructions and the profile's path.
-async fn callgrind_run(conn: &Connection, ch: &Channel, n: u64, bin: &Path) -> (u64, PathBuf) {
+/// Which half of a message's way through the router a callgrind run measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    /// From the ingress queue into a bucket.
+    Placement,
+    /// From the expired queue (dead-lettered by a bucket, the broker's death
+    /// headers on it, its deadline past) to its destination queue.
+    Delivery,
+}
+
+/// Runs the router under callgrind until it has placed (or delivered) `n`
+/// prefilled messages; returns the total instructions and the profile's path.
+async fn callgrind_run(
+    conn: &Connection,
+    ch: &Channel,
+    n: u64,
+    bin: &Path,
+    way: Way,
+) -> (u64, PathBuf) {
     let s = setup(conn, "[[bucket]]\nttl = \"1h\"\n").await;
-    let p = props("30m", "bench.nowhere");
-    publish(ch, s.rules.names.router_exchange.as_str(), &p, n).await;
-    wait_depth(
-        conn,
-        s.rules.names.ingress.as_str(),
-        n as u32,
-        Duration::from_secs(600),
-    )
-    .await;
-    let Action::Wait { queue, .. } = s.rules.on_ingress(&"bench".into(), &p, 0, 0.0) else {
+    let sink = format!("{}.sink", s.rules.names.prefix);
+    let p = props(
+        "30m",
+        if way == Way::Placement {
+            "bench.nowhere"
+        } else {
+            &sink
+        },
+    );
+    // Placed at the epoch: in the bucket its deadline is long past.
+    let Action::Wait {
+        queue,
+        properties: placed,
+        ..
+    } = s.rules.on_ingress(&"bench".into(), &p, 0, 0.0)
+    else {
         panic!("a 30m delay waits in a bucket")
     };
+    let (source, target) = match way {
+        Way::Placement => {
+            publish(ch, s.rules.names.router_exchange.as_str(), &p, n).await;
+            (s.rules.names.ingress.to_string(), queue.to_string())
+        }
+        Way::Delivery => {
+            ch.queue_declare(
+                sink.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+            // Into the bucket with a 1 ms TTL: the broker dead-letters each
+            // into the expired queue at once, with its own death headers.
+            let expiring = placed.with_expiration("1".into());
+            publish_to(ch, "", queue.as_str(), &expiring, n).await;
+            // Due at once: the due lane, when the placement marked it so.
+            let lanes = [&s.rules.names.expired, &s.rules.names.due];
+            let deadline = Instant::now() + Duration::from_secs(600);
+            loop {
+                let mut held = 0;
+                for q in lanes {
+                    held += depth(conn, q.as_str()).await;
+                }
+                if held >= n as u32 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the buckets never dead-lettered {n}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (s.rules.names.expired.to_string(), sink.clone())
+        }
+    };
+    if way == Way::Placement {
+        wait_depth(conn, &source, n as u32, Duration::from_secs(600)).await;
+    }
     let out = std::env::temp_dir().join(format!("{}.callgrind", s.rules.names.prefix));
     let child = Command::new("valgrind")
         .args(["--tool=callgrind", "--quiet"])
@@ -181,8 +252,13 @@ async fn callgrind_run(conn: &Connection, ch: &Channel, n: u64, bin: &Path) -> (
         .spawn()
         .expect("valgrind (apt-get install valgrind)");
     let stop = Stop(Some(child));
-    wait_depth(conn, queue.as_str(), n as u32, Duration::from_secs(1800)).await;
+    wait_depth(conn, &target, n as u32, Duration::from_secs(1800)).await;
     stop.interrupt().await;
+    if way == Way::Delivery {
+        let _ = ch
+            .queue_delete(sink.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
     teardown(ch, s).await;
     let annotate = Command::new("callgrind_annotate")
         .arg(&out)
@@ -321,7 +397,11 @@ fn main() {
             .await
             .unwrap();
         if std::env::var_os("BENCH_LOW_RATE_ONLY").is_none() {
-            instructions(&conn, &ch, small, large, &bin).await;
+            let way = match std::env::var("BENCH_WAY").as_deref() {
+                Ok("delivery") => Way::Delivery,
+                _ => Way::Placement,
+            };
+            instructions(&conn, &ch, small, large, &bin, way).await;
         }
         let r = low_rate(&conn, &ch, rate, secs, &bin).await;
         println!(
@@ -331,13 +411,25 @@ fn main() {
     });
 }
 
-/// Instructions per placed message: two callgrind runs, `small` and `large` messages.
-async fn instructions(conn: &Connection, ch: &Channel, small: u64, large: u64, bin: &Path) {
-    let (ir_small, p_small) = callgrind_run(conn, ch, small, bin).await;
-    let (ir_large, p_large) = callgrind_run(conn, ch, large, bin).await;
+/// Instructions per placed (or delivered) message: two callgrind runs,
+/// `small` and `large` messages.
+async fn instructions(
+    conn: &Connection,
+    ch: &Channel,
+    small: u64,
+    large: u64,
+    bin: &Path,
+    way: Way,
+) {
+    let (ir_small, p_small) = callgrind_run(conn, ch, small, bin, way).await;
+    let (ir_large, p_large) = callgrind_run(conn, ch, large, bin, way).await;
     let per_msg = (ir_large.saturating_sub(ir_small)) as f64 / (large - small) as f64;
+    let what = match way {
+        Way::Placement => "placed message (ingress to a bucket)",
+        Way::Delivery => "delivered message (expired queue to its destination)",
+    };
     println!("instructions: {small} messages {ir_small}, {large} messages {ir_large}");
-    println!("instructions per placed message: {per_msg:.0}");
+    println!("instructions per {what}: {per_msg:.0}");
     println!("highest self cost, {large} messages:");
     for line in top_functions(&p_large, 30) {
         println!("  {line}");

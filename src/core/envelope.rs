@@ -48,6 +48,23 @@ pub(crate) fn headers_of(props: &BasicProperties) -> Headers {
         .unwrap_or_default()
 }
 
+/// The headers of `props` but those `drop` names, the rest copied. Cheaper
+/// than copying all and removing some: the bucket's death headers (a nested
+/// table) are never copied, and each key is looked at once.
+fn headers_except(props: &BasicProperties, drop: impl Fn(&str) -> bool) -> Headers {
+    props
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .filter(|(k, _)| !drop(k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Rebuilds properties with new headers, expiration, delivery mode and
 /// priority, every other property copied unchanged (lapin's properties have
 /// no setters that clear a field).
@@ -148,12 +165,6 @@ fn put_transit(h: &mut Headers, t: &Transit, o: Overrides) {
         h.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
     } else {
         h.remove(TRANSIT_LANE);
-    }
-}
-
-fn remove_death(h: &mut Headers) {
-    for k in DEATH_HEADERS {
-        h.remove(k);
     }
 }
 
@@ -264,8 +275,7 @@ pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
 /// (after a strategy switch); a priority it did not have saved is then saved
 /// as absent-or-current, which is what the sender set.
 pub fn next_hop(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicProperties {
-    let mut h = headers_of(p);
-    remove_death(&mut h);
+    let mut h = headers_except(p, |k| DEATH_HEADERS.contains(&k));
     put_transit(&mut h, transit, o);
     if o.priority.is_some() {
         let saved = match h.get(SAVED_PROPERTIES) {
@@ -324,19 +334,23 @@ pub fn sender_properties(p: &BasicProperties) -> BasicProperties {
 /// The sender's properties, restored exactly: transit and bucket death headers
 /// removed, saved headers and properties put back.
 pub fn leave_transit(p: &BasicProperties) -> BasicProperties {
-    let mut h = headers_of(p);
-    remove_death(&mut h);
-    let saved_headers = h.remove(SAVED_HEADERS);
-    let saved_props = h.remove(SAVED_PROPERTIES);
-    for k in TRANSIT_HEADERS {
-        h.remove(k);
-    }
+    let saved_headers = p
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(SAVED_HEADERS));
+    let saved_props = p
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(SAVED_PROPERTIES));
+    let mut h = headers_except(p, |k| {
+        DEATH_HEADERS.contains(&k) || TRANSIT_HEADERS.contains(&k)
+    });
     if let Some(AMQPValue::FieldTable(saved)) = saved_headers {
         for (k, v) in saved.inner() {
             h.insert(k.clone(), v.clone());
         }
     }
-    match &saved_props {
+    match saved_props {
         Some(AMQPValue::FieldTable(saved)) => {
             let (expiration, delivery_mode, had_headers) = saved_values(saved);
             let priority = match saved.inner().get(SAVED_PRIORITY) {
