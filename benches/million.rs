@@ -10,12 +10,16 @@
 //! as fast as the broker confirms (at most 10,000 unconfirmed). Beside it,
 //! probes: 10 messages a second with delays of 1..60 s, from the first publish
 //! until the bulk has drained, so the router's precision is measured while the
-//! million wait as well as while they drain.
+//! million arrive, while they wait and while they drain. A probe sent before
+//! the router has placed the burst (its publish, then what is left in the
+//! router's ingress queue) waits behind it there.
 //!
 //! Prints, every minute, what has arrived, the router's RSS and the broker's
 //! memory; at the end: lateness p50/p90/p99/max and early deliveries of the
-//! bulk (and per 5-minute slice of due times), the probes' lateness while the
-//! bulk waited and while it drained, lost, duplicated and parked messages,
+//! bulk (and per 5-minute slice of due times), the probes' lateness by when
+//! they were sent (before the burst was placed, after it while the bulk
+//! waits) and, for those arriving once the first bulk message is due, while
+//! it drains, lost, duplicated and parked messages,
 //! router placements and buckets waited in per message, the router's RSS (min/max after the publish, peak)
 //! and CPU per message, and the broker's memory per waiting message
 //! (`erlang:memory(total)` just before the first is due, minus before the
@@ -94,9 +98,12 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// A message due at `due_ms`; its body starts with the due time and the send
+/// time (ms since the Unix epoch, little-endian).
 fn message(id: String, due_ms: i64, dest: &str) -> (Vec<u8>, BasicProperties) {
     let mut body = vec![0u8; BODY];
     body[..8].copy_from_slice(&due_ms.to_le_bytes());
+    body[8..16].copy_from_slice(&epoch_ms().to_le_bytes());
     let mut h = FieldTable::default();
     h.insert("x-deliver-at".into(), AMQPValue::LongLongInt(due_ms));
     h.insert(
@@ -125,8 +132,8 @@ struct Arrivals {
     bulk: Vec<i32>,
     bulk_arrived: usize,
     duplicates: usize,
-    /// Probes: (arrival, lateness ms).
-    probes: Vec<(Instant, i64)>,
+    /// Probes: (arrival, lateness ms, sent at ms since the Unix epoch).
+    probes: Vec<(Instant, i64, i64)>,
 }
 
 /// Per minute: (seconds since the first publish, router RSS KiB, broker bytes, bulk arrived).
@@ -189,6 +196,7 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
             let now = epoch_ms();
             let at = Instant::now();
             let due = i64::from_le_bytes(d.data[..8].try_into().unwrap());
+            let sent = i64::from_le_bytes(d.data[8..16].try_into().unwrap());
             let id = d.properties.message_id().as_ref().unwrap().as_str();
             let mut a = sink.lock().unwrap();
             if let Some(i) = id.strip_prefix('m') {
@@ -200,7 +208,7 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
                     a.duplicates += 1;
                 }
             } else {
-                a.probes.push((at, now - due));
+                a.probes.push((at, now - due, sent));
             }
         }
     });
@@ -354,6 +362,18 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         published_in.as_secs_f64(),
         n as f64 / published_in.as_secs_f64()
     );
+    // The burst is placed once the router's ingress queue has no message
+    // ready: until then a probe waits behind it there.
+    let ingress = routerproc::rules(&prefix).names.ingress.clone();
+    while Instant::now() < first_due - Duration::from_secs(5)
+        && !matches!(
+            delay_router::broker::probe::depth(&conn, &ingress).await,
+            Ok(Some(0))
+        )
+    {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let placed_in = start.elapsed();
     // The broker's memory with everything waiting: just before the first is due.
     tokio::time::sleep_until((first_due - Duration::from_secs(5)).into()).await;
     let waiting_memory = broker_memory().await;
@@ -406,17 +426,30 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         .collect();
     late.sort_unstable();
     let probes_sent = probes_sent.load(Ordering::Relaxed);
-    let split = |waiting: bool| {
+    // Probes by phase: sent before the burst was placed (its publish and
+    // the ingress backlog it left); sent after that and arrived before the
+    // first bulk message was due; arrived after that.
+    let placed_at = t0 + placed_in.as_millis() as i64;
+    let phase = |arrived: Instant, sent: i64| {
+        if sent <= placed_at {
+            0
+        } else if arrived < first_due {
+            1
+        } else {
+            2
+        }
+    };
+    let split = |which: u8| {
         let mut v: Vec<i64> = a
             .probes
             .iter()
-            .filter(|(at, _)| (*at < first_due) == waiting)
-            .map(|(_, l)| *l)
+            .filter(|(at, _, sent)| phase(*at, *sent) == which)
+            .map(|(_, l, _)| *l)
             .collect();
         v.sort_unstable();
         v
     };
-    let (probe_wait, probe_drain) = (split(true), split(false));
+    let (probe_publish, probe_wait, probe_drain) = (split(0), split(1), split(2));
     let rss = rss_seen.lock().unwrap();
     let after_publish: Vec<u64> = rss
         .iter()
@@ -440,15 +473,15 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     );
     println!();
     println!(
-        "| published in | bulk lateness p50 | p90 | p99 | max | early | lost | duplicated | parked | probes p99 while waiting | while draining | placements/msg | bucket waits/msg | router RSS after publish (min–max) | router peak RSS | router CPU/msg | broker memory per waiting message |"
+        "| published in | bulk lateness p50 | p90 | p99 | max | early | lost | duplicated | parked | probes p99 sent before the burst was placed | sent after, while waiting | while draining | placements/msg | bucket waits/msg | router RSS after publish (min–max) | router peak RSS | router CPU/msg | broker memory per waiting message |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let memory_per_msg = match (baseline_memory, waiting_memory) {
         (Some(b), Some(w)) => format!("{:.0} B", (w as f64 - b as f64) / n as f64),
         _ => "?".into(),
     };
     println!(
-        "| {:.0} s | {} | {} | {} | {} | {} | {lost} | {} | {parked} | {} ({} probes) | {} ({} probes) | {:.2} | {:.2} | {:.1}–{:.1} MiB | {:.1} MiB | {:.0} µs | {memory_per_msg} |",
+        "| {:.0} s | {} | {} | {} | {} | {} | {lost} | {} | {parked} | {} ({} probes) | {} ({} probes) | {} ({} probes) | {:.2} | {:.2} | {:.1}–{:.1} MiB | {:.1} MiB | {:.0} µs | {memory_per_msg} |",
         published_in.as_secs_f64(),
         q(&late, 0.5),
         q(&late, 0.9),
@@ -456,6 +489,8 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         late.last().map_or("-".into(), |m| format!("{m} ms")),
         late.iter().filter(|l| **l < 0).count(),
         a.duplicates,
+        q(&probe_publish, 0.99),
+        probe_publish.len(),
         q(&probe_wait, 0.99),
         probe_wait.len(),
         q(&probe_drain, 0.99),
@@ -468,6 +503,10 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
         (cpu1 - cpu0) as f64 / n as f64,
     );
     println!();
+    println!(
+        "the router's ingress emptied {:.0} s after the first publish (the burst placed)",
+        placed_in.as_secs_f64()
+    );
     println!(
         "not arrived by the deadline but still in the router's queues {still_waiting}; probes sent {probes_sent}, arrived {}; router RSS just before the first due {:.1} MiB; broker memory {} before, {} with all waiting; drained {:.0} s after the first publish",
         a.probes.len(),
