@@ -22,7 +22,8 @@
 //!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
 //! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
-//! BENCH_BIN=/path/to/delay-router measures another build).
+//! BENCH_BIN=/path/to/delay-router measures another build; with BENCH_WAY=delivery,
+//! BENCH_TRANSIT_FORMAT=spelled-out for a build before the compact transit record).
 
 mod procfs;
 
@@ -90,7 +91,13 @@ async fn setup(conn: &Connection, ladder: &str) -> Setup {
     let prefix = format!("bench-profile-{:08x}", rand::random::<u32>());
     let text = format!("[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}");
     let config = Config::from_toml(&text).unwrap();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    // BENCH_TRANSIT_FORMAT=spelled-out: the bucket messages of BENCH_WAY=delivery
+    // as a build before the compact record wrote them (to measure that build).
+    let format = std::env::var("BENCH_TRANSIT_FORMAT")
+        .map_or(Ok(Default::default()), |v| v.parse())
+        .expect("BENCH_TRANSIT_FORMAT: compact or spelled-out");
+    let rules =
+        Rules::new(&config.ladder, config.strategy, &prefix, "guest").with_transit_format(format);
     broker::declare::declare(conn, &rules.topology())
         .await
         .unwrap();

@@ -23,7 +23,8 @@
 //!
 //! `cargo bench --bench throughput` (env: BENCH_MESSAGES=30000 BENCH_ROUNDS=5).
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
-//! round (same broker, same run), to compare two builds of the router.
+//! round (same broker, same run), to compare two builds of the router;
+//! BENCH_BIN=/path/to/delay-router replaces the one `cargo bench` built.
 
 mod procfs;
 
@@ -348,7 +349,12 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         let conn = Connection::connect(URL, ConnectionProperties::default()).await.expect("broker");
-        let this = std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router"));
+        // BENCH_BIN: the build measured as "router" (else this crate's, as
+        // `cargo bench` built it).
+        let this = std::env::var_os("BENCH_BIN").map_or_else(
+            || std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router")),
+            std::path::PathBuf::from,
+        );
         let baseline = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut cpus, mut rss, mut switches) = (Vec::new(), Vec::new(), Vec::new());

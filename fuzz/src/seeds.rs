@@ -359,6 +359,30 @@ pub fn headers() -> Vec<(String, Vec<u8>)> {
             ..rk("k")
         }),
     );
+    // The same, in the compact format (this version's default).
+    add(
+        "in-transit-compact",
+        table(&[
+            ("x-delay-router", s("1800000003400 1 6:orders eu")),
+            (
+                "x-death",
+                array(vec![death("expired", s("fz.bucket.5s"), 1)]),
+            ),
+        ]),
+        Some(Trailer {
+            later_ms: 3_400,
+            ..rk("k")
+        }),
+    );
+    add(
+        "spoofed-compact",
+        table(&[
+            ("x-requested-delay", s("1s")),
+            ("x-original-exchange", s("o")),
+            ("x-delay-router", s("-1 -1 4:evil k")),
+        ]),
+        Some(rk("k")),
+    );
     add(
         "parked",
         table(&[

@@ -113,6 +113,7 @@ struct RawTopology {
 struct RawPlacement {
     strategy: Option<String>,
     due_within: Option<String>,
+    transit_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +160,9 @@ pub struct Config {
     /// `[placement] due_within`: a message due within this long after its
     /// bucket expires it goes to the due lane.
     pub due_within: std::time::Duration,
+    /// `[placement] transit_format`: how the router's bookkeeping is written
+    /// into bucket messages (both formats are always read).
+    pub transit_format: crate::core::envelope::TransitFormat,
     pub queue_type: QueueType,
     /// `[topology] classic_queue_version`: `x-queue-version` of every classic
     /// queue the router declares; `None` declares none (the broker's default).
@@ -308,6 +312,12 @@ impl Config {
                 )
             })?,
         };
+        let transit_format = match raw.placement.transit_format {
+            None => crate::core::envelope::TransitFormat::default(),
+            Some(v) => v
+                .parse()
+                .map_err(|m| invalid("placement.transit_format", &v, m))?,
+        };
         let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "classic".into());
         let queue_type = queue_type_raw
             .parse::<QueueType>()
@@ -419,6 +429,7 @@ impl Config {
             prefix,
             strategy,
             due_within,
+            transit_format,
             queue_type,
             classic_queue_version,
             ladder,

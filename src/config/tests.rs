@@ -16,6 +16,10 @@ fn shipped_file_loads_with_the_documented_ladder() {
     );
     assert_eq!(c.prefix, "delay");
     assert_eq!(c.strategy, PlacementStrategy::Cascade);
+    assert_eq!(
+        c.transit_format,
+        crate::core::envelope::TransitFormat::Compact
+    );
     assert_eq!((c.prefetch, c.inflight_bytes), (500, 64 << 20));
     assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
 }
@@ -45,6 +49,13 @@ fn invalid_values_name_the_key_and_the_value() {
     );
     let e = err("[placement]\ndue_within = \"soon\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("placement.due_within = \"soon\""), "{e}");
+    let e = err("[placement]\ntransit_format = \"short\"\n[[bucket]]\nttl = \"1s\"");
+    assert!(
+        e.starts_with(
+            "placement.transit_format = \"short\": expected \"compact\" or \"spelled-out\""
+        ),
+        "{e}"
+    );
     let e = err("[topology]\nprefix = \"a b\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.prefix = \"a b\""), "{e}");
     let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");

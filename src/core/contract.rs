@@ -30,7 +30,14 @@ pub const PARK_REASON: &str = "x-park-reason";
 /// Out, on parked messages: when it was parked (milliseconds since the Unix epoch).
 pub const PARKED_AT: &str = "x-parked-at";
 
-/// Router bookkeeping while a message waits: destination exchange.
+/// Router bookkeeping while a message waits, in one header (the compact
+/// format, written by default): `<deadline> <hops> <n>:<exchange> <routing key>`,
+/// the deadline in ms since the Unix epoch, `n` the exchange name's length in
+/// bytes. Replaces the four spelled-out headers below, which the router still
+/// reads (messages placed by earlier versions) and writes when
+/// `[placement] transit_format = "spelled-out"`.
+pub const TRANSIT: &str = "x-delay-router";
+/// Router bookkeeping while a message waits (spelled-out format): destination exchange.
 pub const TRANSIT_EXCHANGE: &str = "x-delay-router-exchange";
 /// Router bookkeeping while a message waits: destination routing key.
 pub const TRANSIT_ROUTING_KEY: &str = "x-delay-router-routing-key";
@@ -54,7 +61,8 @@ pub const SAVED_HEADERS: &str = "x-delay-router-saved-headers";
 pub const SAVED_PROPERTIES: &str = "x-delay-router-saved-properties";
 
 /// Every transit header; none of them reaches the destination.
-pub const TRANSIT_HEADERS: [&str; 7] = [
+pub const TRANSIT_HEADERS: [&str; 8] = [
+    TRANSIT,
     TRANSIT_EXCHANGE,
     TRANSIT_ROUTING_KEY,
     TRANSIT_DEADLINE,

@@ -19,7 +19,7 @@ pub use plan::{Action, Plan};
 
 use crate::core::cancel;
 use crate::core::contract;
-use crate::core::envelope::{self, Overrides, Transit};
+use crate::core::envelope::{self, Overrides, Transit, TransitFormat};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
 use crate::core::parking;
@@ -124,6 +124,8 @@ pub struct Rules {
     /// What is due within this long of leaving its bucket waits in the due
     /// lane (`[placement] due_within`).
     pub due_within: Duration,
+    /// How transit is written into bucket messages (`[placement] transit_format`).
+    pub transit_format: TransitFormat,
 }
 
 impl Rules {
@@ -145,7 +147,14 @@ impl Rules {
             allow: None,
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
+            transit_format: TransitFormat::default(),
         }
+    }
+
+    /// The same rules writing transit in `format`.
+    pub fn with_transit_format(mut self, format: TransitFormat) -> Self {
+        self.transit_format = format;
+        self
     }
 
     /// The same rules sorting what is due within `due_within` of leaving its
@@ -199,6 +208,7 @@ impl Rules {
         .with_allow_list(config.allow_destinations.clone())
         .with_cancel_keep(config.cancel_keep)
         .with_due_within(config.due_within)
+        .with_transit_format(config.transit_format)
     }
 
     /// What these rules declare.
@@ -329,6 +339,7 @@ impl Rules {
                     expiration,
                     priority,
                     due_lane: placement::due_lane(remaining, ttl, self.due_within),
+                    format: self.transit_format,
                 };
                 let properties = if entering {
                     envelope::enter_transit(p, &transit, o)

@@ -8,9 +8,9 @@
 //! kept in [`SAVED_PROPERTIES`] and [`SAVED_HEADERS`] and put back on delivery.
 
 use crate::core::contract::{
-    DEATH_HEADERS, DUE_LANE, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT_DEADLINE,
-    TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_LANE, TRANSIT_ROUTING_KEY, integer,
-    short_string,
+    DEATH_HEADERS, DUE_LANE, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT,
+    TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_LANE,
+    TRANSIT_ROUTING_KEY, integer, short_string,
 };
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -35,6 +35,87 @@ pub struct Transit {
     pub deadline_ms: i64,
     /// Bucket placements so far, this one included.
     pub hops: i64,
+}
+
+/// How [`Transit`] is written into a bucket message's headers. Both are
+/// read, whichever is written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TransitFormat {
+    /// One header, [`TRANSIT`]: about 85 bytes and three table entries fewer
+    /// per message than the spelled-out four, which the broker decodes and
+    /// encodes again at every publish and dead-lettering.
+    #[default]
+    Compact,
+    /// The four headers `x-delay-router-exchange`, `-routing-key`,
+    /// `-deadline` and `-hops`, as versions before the compact format wrote
+    /// (and read: the only format they read).
+    SpelledOut,
+}
+
+impl std::str::FromStr for TransitFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "compact" => Ok(Self::Compact),
+            "spelled-out" => Ok(Self::SpelledOut),
+            _ => Err("expected \"compact\" or \"spelled-out\"".into()),
+        }
+    }
+}
+
+/// The headers that record a [`Transit`], in either format (the due lane's
+/// and the saved sender's values are not part of it).
+const TRANSIT_RECORD: [&str; 5] = [
+    TRANSIT,
+    TRANSIT_EXCHANGE,
+    TRANSIT_ROUTING_KEY,
+    TRANSIT_DEADLINE,
+    TRANSIT_HOPS,
+];
+
+impl Transit {
+    /// The compact format's value: `<deadline> <hops> <n>:<exchange> <routing key>`.
+    pub fn compact(&self) -> String {
+        use std::fmt::Write;
+        let (exchange, key) = (
+            self.destination.exchange.as_str(),
+            self.destination.routing_key.as_str(),
+        );
+        let mut s = String::with_capacity(48 + exchange.len() + key.len());
+        // Writing to a String cannot fail.
+        let _ = write!(
+            s,
+            "{} {} {}:{exchange} {key}",
+            self.deadline_ms,
+            self.hops,
+            exchange.len()
+        );
+        s
+    }
+
+    /// Reads [`Transit::compact`]'s form; `None` when it is not that.
+    pub fn parse_compact(bytes: &[u8]) -> Option<Self> {
+        let s = std::str::from_utf8(bytes).ok()?;
+        let (deadline, rest) = s.split_once(' ')?;
+        let (hops, rest) = rest.split_once(' ')?;
+        let (len, rest) = rest.split_once(':')?;
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        let signed = |t: &str| digits(t.strip_prefix('-').unwrap_or(t));
+        if !signed(deadline) || !signed(hops) || !digits(len) {
+            return None;
+        }
+        let len: usize = len.parse().ok()?;
+        let exchange = rest.get(..len)?;
+        let routing_key = rest.get(len..)?.strip_prefix(' ')?;
+        Some(Self {
+            destination: Destination {
+                exchange: ShortString::try_new(exchange).ok()?,
+                routing_key: ShortString::try_new(routing_key).ok()?,
+            },
+            deadline_ms: deadline.parse().ok()?,
+            hops: hops.parse().ok()?,
+        })
+    }
 }
 
 /// A header table as lapin keeps it.
@@ -138,6 +219,8 @@ pub struct Overrides {
     pub priority: Option<u8>,
     /// Due soon after the bucket expires it: sorted into the due lane.
     pub due_lane: bool,
+    /// How the transit record is written.
+    pub format: TransitFormat,
 }
 
 impl Overrides {
@@ -147,20 +230,28 @@ impl Overrides {
     }
 }
 
+/// Writes the transit record into `h`, which holds none (either format).
 fn put_transit(h: &mut Headers, t: &Transit, o: Overrides) {
-    h.insert(
-        TRANSIT_EXCHANGE.into(),
-        AMQPValue::LongString(t.destination.exchange.as_str().into()),
-    );
-    h.insert(
-        TRANSIT_ROUTING_KEY.into(),
-        AMQPValue::LongString(t.destination.routing_key.as_str().into()),
-    );
-    h.insert(
-        TRANSIT_DEADLINE.into(),
-        AMQPValue::LongLongInt(t.deadline_ms),
-    );
-    h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
+    match o.format {
+        TransitFormat::Compact => {
+            h.insert(TRANSIT.into(), AMQPValue::LongString(t.compact().into()));
+        }
+        TransitFormat::SpelledOut => {
+            h.insert(
+                TRANSIT_EXCHANGE.into(),
+                AMQPValue::LongString(t.destination.exchange.as_str().into()),
+            );
+            h.insert(
+                TRANSIT_ROUTING_KEY.into(),
+                AMQPValue::LongString(t.destination.routing_key.as_str().into()),
+            );
+            h.insert(
+                TRANSIT_DEADLINE.into(),
+                AMQPValue::LongLongInt(t.deadline_ms),
+            );
+            h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
+        }
+    }
     if o.due_lane {
         h.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
     } else {
@@ -244,10 +335,18 @@ pub enum TransitError {
     Malformed(&'static str),
 }
 
-/// Reads the router's transit headers from a message a bucket expired.
+/// Reads the router's transit headers from a message a bucket expired: the
+/// compact record when there is one, else the spelled-out headers.
 pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
     let empty = FieldTable::default();
     let h = p.headers().as_ref().unwrap_or(&empty);
+    if let Some(v) = h.inner().get(TRANSIT) {
+        return match v {
+            AMQPValue::LongString(s) => Transit::parse_compact(s.as_bytes()),
+            _ => None,
+        }
+        .ok_or(TransitError::Malformed(TRANSIT));
+    }
     let exchange = short_string(h, TRANSIT_EXCHANGE)
         .ok()
         .flatten()
@@ -275,7 +374,11 @@ pub fn read_transit(p: &BasicProperties) -> Result<Transit, TransitError> {
 /// (after a strategy switch); a priority it did not have saved is then saved
 /// as absent-or-current, which is what the sender set.
 pub fn next_hop(p: &BasicProperties, transit: &Transit, o: Overrides) -> BasicProperties {
-    let mut h = headers_except(p, |k| DEATH_HEADERS.contains(&k));
+    // The record is written anew, in `o`'s format (a message placed by
+    // an earlier version, or under the other format, changes to it).
+    let mut h = headers_except(p, |k| {
+        DEATH_HEADERS.contains(&k) || TRANSIT_RECORD.contains(&k)
+    });
     put_transit(&mut h, transit, o);
     if o.priority.is_some() {
         let saved = match h.get(SAVED_PROPERTIES) {

@@ -3,11 +3,12 @@
 //! contingency a delivery carries for when its destination refuses it. Pure.
 
 use crate::core::contract::{
-    Destination, PARK_REASON, PARKED_AT, SAVED_PROPERTIES, TRANSIT_EXCHANGE, TRANSIT_ROUTING_KEY,
-    short_string,
+    Destination, PARK_REASON, PARKED_AT, SAVED_PROPERTIES, TRANSIT, TRANSIT_EXCHANGE,
+    TRANSIT_ROUTING_KEY, short_string,
 };
 use crate::core::envelope::{
-    PERSISTENT, headers_of, rebuild, rebuild_as, save_properties, saved_values,
+    PERSISTENT, Transit, headers_of, leave_transit, rebuild, rebuild_as, save_properties,
+    saved_values,
 };
 use crate::core::reasons::{BrokerReply, ParkReason};
 use crate::core::retry::RETRY_HEADERS;
@@ -84,6 +85,12 @@ pub fn with_reason(parked: &BasicProperties, reason: &ParkReason) -> BasicProper
 /// with a fresh attempt count), the saved properties restored; every other
 /// header, the sender's `x-death` included, stays.
 pub fn unpark(p: &BasicProperties) -> BasicProperties {
+    // Still in transit, compact: parked by a router of an earlier version,
+    // which does not read the compact record ("without the router's transit
+    // headers"). The sender's message is what leaving transit gives back.
+    if compact_record(p).is_some() {
+        return unpark_in_transit(p);
+    }
     let mut h = headers_of(p);
     for k in [
         PARK_REASON,
@@ -125,12 +132,59 @@ pub fn unpark(p: &BasicProperties) -> BasicProperties {
 }
 
 /// The destination a parked message recorded, when the router knew it.
+/// [`unpark`] of a message parked in transit: the sender's message as
+/// leaving transit restores it, without the park's and retries' headers,
+/// with the `user-id` the park set aside.
+fn unpark_in_transit(p: &BasicProperties) -> BasicProperties {
+    let user_id = match p
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(SAVED_PROPERTIES))
+    {
+        Some(AMQPValue::FieldTable(saved)) => match saved.inner().get(SAVED_USER_ID) {
+            Some(AMQPValue::LongString(u)) => std::str::from_utf8(u.as_bytes())
+                .ok()
+                .and_then(|u| ShortString::try_new(u).ok()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut out = leave_transit(p);
+    if let Some(h) = out.headers().as_ref() {
+        let mut h = h.inner().clone();
+        for k in [PARK_REASON, PARKED_AT].into_iter().chain(RETRY_HEADERS) {
+            h.remove(k);
+        }
+        out = out.with_headers(h.into());
+    }
+    match user_id {
+        Some(u) => out.with_user_id(u),
+        None => out,
+    }
+}
+
+/// Or, for a message parked still in transit by an earlier version, the
+/// destination in its compact transit record.
 pub fn parked_destination(p: &BasicProperties) -> Option<Destination> {
     let h = p.headers().as_ref()?;
-    Some(Destination {
-        exchange: short_string(h, TRANSIT_EXCHANGE).ok()??,
-        routing_key: short_string(h, TRANSIT_ROUTING_KEY).ok()??,
-    })
+    match (
+        short_string(h, TRANSIT_EXCHANGE).ok().flatten(),
+        short_string(h, TRANSIT_ROUTING_KEY).ok().flatten(),
+    ) {
+        (Some(exchange), Some(routing_key)) => Some(Destination {
+            exchange,
+            routing_key,
+        }),
+        _ => compact_record(p).map(|t| t.destination),
+    }
+}
+
+/// The compact transit record `p` carries, when it carries a readable one.
+fn compact_record(p: &BasicProperties) -> Option<Transit> {
+    match p.headers().as_ref()?.inner().get(TRANSIT)? {
+        AMQPValue::LongString(s) => Transit::parse_compact(s.as_bytes()),
+        _ => None,
+    }
 }
 
 /// A parked copy of a message made to fit one content-header frame.

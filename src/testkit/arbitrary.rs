@@ -15,6 +15,7 @@ pub fn key() -> impl Strategy<Value = String> {
         Just("x-original-routing-key".to_string()),
         Just("x-death".to_string()),
         Just("x-delay-router-attempts".to_string()),
+        Just("x-delay-router".to_string()),
         Just("x-delay-router-deadline".to_string()),
         Just("x-delay-router-exchange".to_string()),
         Just("x-delay-router-routing-key".to_string()),

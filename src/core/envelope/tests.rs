@@ -68,6 +68,7 @@ fn strategy_overrides_are_undone_on_delivery() {
         expiration: Some(std::time::Duration::from_millis(1500)),
         priority: Some(9),
         due_lane: true,
+        format: TransitFormat::Compact,
     };
     for original in [
         sent(),
@@ -151,4 +152,156 @@ fn a_quorum_queues_redelivery_counts_are_dropped_and_nothing_else() {
             Some(plain.clone().with_message_id("m".into()))
         );
     }
+}
+
+#[test]
+fn the_compact_record_is_one_header_and_readable() {
+    let p = enter_transit(&sent(), &transit(), Overrides::default());
+    let h = p.headers().as_ref().unwrap();
+    assert_eq!(
+        h.inner().get(TRANSIT),
+        Some(&AMQPValue::LongString("1000 1 6:orders eu".into()))
+    );
+    for k in [
+        TRANSIT_EXCHANGE,
+        TRANSIT_ROUTING_KEY,
+        TRANSIT_DEADLINE,
+        TRANSIT_HOPS,
+    ] {
+        assert!(!h.contains_key(k), "{k} written beside the compact record");
+    }
+}
+
+#[test]
+fn the_spelled_out_format_is_still_written_on_request_and_read() {
+    let o = Overrides {
+        format: TransitFormat::SpelledOut,
+        ..Overrides::default()
+    };
+    let original = sent();
+    let p = enter_transit(&original, &transit(), o);
+    let h = p.headers().as_ref().unwrap();
+    assert!(!h.contains_key(TRANSIT));
+    assert_eq!(
+        h.inner().get(TRANSIT_DEADLINE),
+        Some(&AMQPValue::LongLongInt(1_000))
+    );
+    assert_eq!(read_transit(&p), Ok(transit()));
+    assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+}
+
+#[test]
+fn a_hop_rewrites_an_earlier_versions_record_in_the_configured_format() {
+    let original = sent();
+    let spelled = Overrides {
+        format: TransitFormat::SpelledOut,
+        ..Overrides::default()
+    };
+    let next = Transit {
+        hops: 2,
+        ..transit()
+    };
+    // Placed by an earlier version (spelled out), moved on by this one.
+    let p = next_hop(
+        &broker_dead_letters(&enter_transit(&original, &transit(), spelled)),
+        &next,
+        Overrides::default(),
+    );
+    let h = p.headers().as_ref().unwrap();
+    assert!(h.contains_key(TRANSIT));
+    assert!(!h.contains_key(TRANSIT_EXCHANGE) && !h.contains_key(TRANSIT_HOPS));
+    assert_eq!(read_transit(&p), Ok(next.clone()));
+    // And back (a router told to write the spelled-out format).
+    let p = next_hop(&broker_dead_letters(&p), &next, spelled);
+    assert!(!p.headers().as_ref().unwrap().contains_key(TRANSIT));
+    assert_eq!(read_transit(&p), Ok(next));
+    assert_eq!(leave_transit(&broker_dead_letters(&p)), original);
+}
+
+#[test]
+fn a_malformed_compact_record_is_refused_by_name() {
+    for bad in [
+        "",
+        "1000",
+        "1000 1",
+        "1000 1 6:order",
+        "1000 1 6:orders",
+        "1000 1 6:ordersXeu",
+        "x 1 6:orders eu",
+        "1000 +1 6:orders eu",
+        "1000 1 -6:orders eu",
+        "1000 1 99999999999999999999:orders eu",
+        "99999999999999999999 1 6:orders eu",
+    ] {
+        let mut h = FieldTable::default();
+        h.insert(TRANSIT.into(), AMQPValue::LongString(bad.into()));
+        assert_eq!(
+            read_transit(&BasicProperties::default().with_headers(h)),
+            Err(TransitError::Malformed(TRANSIT)),
+            "{bad:?}"
+        );
+    }
+    let mut h = FieldTable::default();
+    h.insert(TRANSIT.into(), AMQPValue::LongLongInt(1));
+    assert_eq!(
+        read_transit(&BasicProperties::default().with_headers(h)),
+        Err(TransitError::Malformed(TRANSIT))
+    );
+    // A name cut inside a multi-byte character, and one over 255 bytes.
+    assert_eq!(Transit::parse_compact("1 1 1:é k".as_bytes()), None);
+    let long = format!("1 1 256:{} k", "e".repeat(256));
+    assert_eq!(Transit::parse_compact(long.as_bytes()), None);
+}
+
+proptest::proptest! {
+    #[test]
+    fn the_compact_record_round_trips_any_destination(
+        exchange in "\\PC{0,40}",
+        routing_key in "\\PC{0,60}",
+        deadline_ms in proptest::num::i64::ANY,
+        hops in proptest::num::i64::ANY,
+    ) {
+        let t = Transit {
+            destination: Destination {
+                exchange: exchange.as_str().into(),
+                routing_key: routing_key.as_str().into(),
+            },
+            deadline_ms,
+            hops,
+        };
+        proptest::prop_assert_eq!(Transit::parse_compact(t.compact().as_bytes()), Some(t));
+    }
+
+    #[test]
+    fn no_bytes_make_the_compact_reader_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+        if let Some(t) = Transit::parse_compact(&bytes) {
+            proptest::prop_assert_eq!(Transit::parse_compact(t.compact().as_bytes()), Some(t));
+        }
+    }
+}
+
+#[test]
+fn the_compact_record_is_smaller_on_the_wire() {
+    use crate::core::wire::encoded_len;
+    let long = Transit {
+        destination: Destination {
+            exchange: "orders".into(),
+            routing_key: "order.created.eu".into(),
+        },
+        deadline_ms: 1_795_341_600_250,
+        hops: 3,
+    };
+    let placed = |format| {
+        let o = Overrides {
+            format,
+            ..Overrides::default()
+        };
+        encoded_len(&enter_transit(&sent(), &long, o)).unwrap()
+    };
+    let (compact, spelled) = (
+        placed(TransitFormat::Compact),
+        placed(TransitFormat::SpelledOut),
+    );
+    println!("properties of a placed message: compact {compact} bytes, spelled out {spelled}");
+    assert!(spelled - compact >= 80, "{spelled} - {compact}");
 }

@@ -119,3 +119,23 @@ fn a_parked_copy_too_large_for_the_frame_loses_its_largest_header_by_name() {
     let (_, fits_as_is) = refused_delivery(&big, &d, Failure::Returned, 7, 131_072);
     assert!(headers_of(&fits_as_is).contains_key("pad"));
 }
+
+/// During an upgrade, a router of an earlier version reads only the
+/// spelled-out record and parks a compact one as not in transit; replay by
+/// this version still finds the destination and the sender's message.
+#[test]
+fn a_compact_message_an_earlier_version_parked_is_replayed_as_sent() {
+    use crate::core::envelope::{Overrides, enter_transit};
+    use crate::testkit::props::dead_letter;
+    let original = sent();
+    let in_bucket = dead_letter(
+        &enter_transit(&original, &transit(), Overrides::default()),
+        "delay.bucket.1s",
+        "expired",
+        0,
+    );
+    let reason = ParkReason::NotInTransit("x-delay-router-exchange is missing".into());
+    let parked = park(&in_bucket, &reason, 42, None);
+    assert_eq!(parked_destination(&parked), Some(transit().destination));
+    assert_eq!(unpark(&parked), original);
+}
