@@ -126,6 +126,11 @@ pub struct Rules {
     pub due_within: Duration,
     /// How transit is written into bucket messages (`[placement] transit_format`).
     pub transit_format: TransitFormat,
+    /// Each rung's bucket queue name, made once by [`Rules::new`] from the
+    /// three fields above it (a `format!` per placement cost about 950
+    /// instructions); `ladder`, `strategy` and `names` are read, never
+    /// changed after it.
+    bucket_queues: Vec<ShortString>,
 }
 
 impl Rules {
@@ -136,10 +141,17 @@ impl Rules {
         prefix: &str,
         router_user: &str,
     ) -> Self {
+        let ladder = placement::effective_ladder(strategy, ladder);
+        let names = Names::new(prefix);
+        let bucket_queues = ladder
+            .rungs()
+            .iter()
+            .map(|r| names.bucket(strategy, r))
+            .collect();
         Self {
-            ladder: placement::effective_ladder(strategy, ladder),
+            ladder,
             strategy,
-            names: Names::new(prefix),
+            names,
             router_user: router_user.to_owned(),
             policies: Vec::new(),
             queue_type: QueueType::Classic,
@@ -148,6 +160,7 @@ impl Rules {
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
             transit_format: TransitFormat::default(),
+            bucket_queues,
         }
     }
 
@@ -333,7 +346,9 @@ impl Rules {
                 priority,
             }) => {
                 transit.hops += 1;
+                let queue = self.bucket_queues[rung].clone();
                 let rung = &self.ladder.rungs()[rung];
+                debug_assert_eq!(queue, self.names.bucket(self.strategy, rung));
                 let ttl = rung.ttl;
                 let o = Overrides {
                     expiration,
@@ -347,7 +362,7 @@ impl Rules {
                     envelope::next_hop(p, &transit, o)
                 };
                 Action::Wait {
-                    queue: self.names.bucket(self.strategy, rung),
+                    queue,
                     ttl,
                     properties,
                 }

@@ -76,20 +76,22 @@ const TRANSIT_RECORD: [&str; 5] = [
 impl Transit {
     /// The compact format's value: `<deadline> <hops> <n>:<exchange> <routing key>`.
     pub fn compact(&self) -> String {
-        use std::fmt::Write;
         let (exchange, key) = (
             self.destination.exchange.as_str(),
             self.destination.routing_key.as_str(),
         );
+        // Written by hand: `write!` spent about 1,100 instructions a message
+        // here (README, Performance), this about a tenth of that.
         let mut s = String::with_capacity(48 + exchange.len() + key.len());
-        // Writing to a String cannot fail.
-        let _ = write!(
-            s,
-            "{} {} {}:{exchange} {key}",
-            self.deadline_ms,
-            self.hops,
-            exchange.len()
-        );
+        push_decimal(&mut s, self.deadline_ms);
+        s.push(' ');
+        push_decimal(&mut s, self.hops);
+        s.push(' ');
+        push_decimal(&mut s, i64::try_from(exchange.len()).unwrap_or(i64::MAX));
+        s.push(':');
+        s.push_str(exchange);
+        s.push(' ');
+        s.push_str(key);
         s
     }
 
@@ -116,6 +118,26 @@ impl Transit {
             hops: hops.parse().ok()?,
         })
     }
+}
+
+/// Appends `v` in decimal, as `Display` writes it.
+fn push_decimal(s: &mut String, v: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = v.unsigned_abs();
+    loop {
+        at -= 1;
+        // n % 10 < 10: the cast cannot truncate.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        s.push('-');
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// A header table as lapin keeps it.

@@ -269,6 +269,11 @@ proptest::proptest! {
             deadline_ms,
             hops,
         };
+        let written = format!(
+            "{deadline_ms} {hops} {}:{exchange} {routing_key}",
+            exchange.len()
+        );
+        proptest::prop_assert_eq!(&t.compact(), &written, "the record is what `format!` writes");
         proptest::prop_assert_eq!(Transit::parse_compact(t.compact().as_bytes()), Some(t));
     }
 
@@ -277,6 +282,27 @@ proptest::proptest! {
         if let Some(t) = Transit::parse_compact(&bytes) {
             proptest::prop_assert_eq!(Transit::parse_compact(t.compact().as_bytes()), Some(t));
         }
+    }
+}
+
+#[test]
+fn decimals_are_written_as_display_writes_them() {
+    for v in [
+        0,
+        1,
+        -1,
+        9,
+        10,
+        -10,
+        99,
+        100,
+        i64::MAX,
+        i64::MIN,
+        i64::MIN + 1,
+    ] {
+        let mut s = String::from("x");
+        push_decimal(&mut s, v);
+        assert_eq!(s, format!("x{v}"));
     }
 }
 
