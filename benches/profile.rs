@@ -20,12 +20,26 @@
 //! from a bucket, its death headers on them, their deadline past), delivered
 //! to a destination queue.
 //!
+//! 3. **The floor** (benches/floor): lapin alone, forwarding messages from
+//!    one queue to another as the router does on the wire (two connections,
+//!    the same prefetch, confirms, acks with `multiple`, same runtime and
+//!    allocator) and nothing else; the same two measures, one forward being
+//!    one event. What the router spends above it is the router's own.
+//!    BENCH_FLOOR=0 leaves it out.
+//! 4. **What a thread hand-off costs here**, when perf is installed:
+//!    `perf bench sched pipe -T` (two threads passing a byte back and forth).
+//!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
 //! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
 //! BENCH_BIN=/path/to/delay-router measures another build; with BENCH_WAY=delivery,
 //! BENCH_TRANSIT_FORMAT=spelled-out for a build before the compact transit record).
 
+mod floor;
 mod procfs;
+
+// The floor runs in this binary's process (re-executed), with the router's allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use delay_router::broker;
 use delay_router::config::Config;
@@ -249,16 +263,9 @@ async fn callgrind_run(
         wait_depth(conn, &source, n as u32, Duration::from_secs(600)).await;
     }
     let out = std::env::temp_dir().join(format!("{}.callgrind", s.rules.names.prefix));
-    let child = Command::new("valgrind")
-        .args(["--tool=callgrind", "--quiet"])
-        .arg(format!("--callgrind-out-file={}", out.display()))
-        .arg(bin)
-        .args(["run", "--config"])
-        .arg(&s.config)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("valgrind (apt-get install valgrind)");
-    let stop = Stop(Some(child));
+    let mut program = vec![bin.display().to_string(), "run".into(), "--config".into()];
+    program.push(s.config.display().to_string());
+    let stop = under_callgrind(&out, &program);
     wait_depth(conn, &target, n as u32, Duration::from_secs(1800)).await;
     stop.interrupt().await;
     if way == Way::Delivery {
@@ -267,19 +274,108 @@ async fn callgrind_run(
             .await;
     }
     teardown(ch, s).await;
+    (program_total(&out), out)
+}
+
+/// Starts `program` (its path, then its arguments) under callgrind, writing to `out`.
+fn under_callgrind(out: &Path, program: &[String]) -> Stop {
+    let child = Command::new("valgrind")
+        .args(["--tool=callgrind", "--quiet"])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .args(program)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("valgrind (apt-get install valgrind)");
+    Stop(Some(child))
+}
+
+/// The total instructions of a callgrind profile.
+fn program_total(out: &Path) -> u64 {
     let annotate = Command::new("callgrind_annotate")
-        .arg(&out)
+        .arg(out)
         .output()
         .expect("callgrind_annotate");
     let text = String::from_utf8_lossy(&annotate.stdout);
-    let total = text
-        .lines()
+    text.lines()
         .find(|l| l.contains("PROGRAM TOTALS"))
         .and_then(|l| l.split_whitespace().next())
         .map(|v| v.replace(',', ""))
         .and_then(|v| v.parse().ok())
-        .expect("PROGRAM TOTALS in callgrind_annotate's output");
-    (total, out)
+        .expect("PROGRAM TOTALS in callgrind_annotate's output")
+}
+
+/// Two queues for the floor to forward between, and the messages for it.
+async fn floor_queues(ch: &Channel) -> (String, String) {
+    let prefix = format!("bench-floor-{:08x}", rand::random::<u32>());
+    let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
+    for q in [&src, &dst] {
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    (src, dst)
+}
+
+async fn delete_floor_queues(ch: &Channel, queues: (String, String)) {
+    for q in [queues.0, queues.1] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+}
+
+/// The floor under callgrind forwarding `n` prefilled messages: total
+/// instructions and the profile's path.
+async fn floor_callgrind_run(conn: &Connection, ch: &Channel, n: u64) -> (u64, PathBuf) {
+    let (src, dst) = floor_queues(ch).await;
+    publish_to(ch, "", &src, &props("30m", "bench.nowhere"), n).await;
+    wait_depth(conn, &src, n as u32, Duration::from_secs(600)).await;
+    let out = std::env::temp_dir().join(format!("{src}.callgrind"));
+    let stop = under_callgrind(&out, &floor::args(URL, &src, &dst));
+    wait_depth(conn, &dst, n as u32, Duration::from_secs(1800)).await;
+    stop.interrupt().await;
+    delete_floor_queues(ch, (src, dst)).await;
+    (program_total(&out), out)
+}
+
+/// The floor at `rate` messages/s for `secs` seconds: CPU µs per event (one
+/// forward).
+async fn floor_low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64) -> LowRate {
+    let (src, dst) = floor_queues(ch).await;
+    let child = floor::command(URL, &src, &dst)
+        .spawn()
+        .expect("the floor forwarder");
+    let pid = child.id();
+    let stop = Stop(Some(child));
+    while depth_consumers(ch, &src).await < 1 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let p = props("3s", "bench.nowhere");
+    let (cpu_before, _) = procfs::cpu_and_rss(pid);
+    let switches_before = procfs::context_switches(pid);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    let started = Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        tick.tick().await;
+        publish_to(ch, "", &src, &p, 1).await;
+        sent += 1;
+    }
+    wait_depth(conn, &dst, sent as u32, Duration::from_secs(60)).await;
+    let (cpu_after, rss) = procfs::cpu_and_rss(pid);
+    let switches = procfs::context_switches(pid).saturating_sub(switches_before);
+    stop.interrupt().await;
+    delete_floor_queues(ch, (src, dst)).await;
+    let events = sent as f64;
+    LowRate {
+        us_per_event: (cpu_after - cpu_before) as f64 / events,
+        switches_per_event: switches as f64 / events,
+        peak_rss_kib: rss,
+    }
 }
 
 /// The functions with the highest self cost, as `callgrind_annotate` lists them.
@@ -351,6 +447,23 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     }
 }
 
+/// What a round trip between two threads costs on this machine (two
+/// wake-ups, two context switches), from `perf bench sched pipe -T`, if perf
+/// is installed: what each of the low rate's hand-offs costs.
+fn handoff_us() -> Option<f64> {
+    let out = Command::new("perf")
+        .args(["bench", "sched", "pipe", "-T", "-l", "50000"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.contains("usecs/op"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// What the low-rate run measured.
 struct LowRate {
     us_per_event: f64,
@@ -375,6 +488,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    if floor::run_if_asked() {
+        return;
+    }
+    let with_floor = std::env::var("BENCH_FLOOR").map_or(true, |v| v != "0");
     let small = env_or("BENCH_SMALL", 2000);
     let large = env_or("BENCH_LARGE", 12_000);
     let rate = env_or("BENCH_RATE", 100);
@@ -409,12 +526,27 @@ fn main() {
                 _ => Way::Placement,
             };
             instructions(&conn, &ch, small, large, &bin, way).await;
+            if with_floor {
+                floor_instructions(&conn, &ch, small, large).await;
+            }
         }
         let r = low_rate(&conn, &ch, rate, secs, &bin).await;
         println!(
             "at {rate} messages/s for {secs} s (placed and forwarded): CPU {:.1} µs per event, {:.1} context switches per event, peak RSS {} KiB",
             r.us_per_event, r.switches_per_event, r.peak_rss_kib
         );
+        if let Some(us) = handoff_us() {
+            println!(
+                "this machine's thread hand-off (`perf bench sched pipe -T`): {us:.1} µs per round trip, two hand-offs"
+            );
+        }
+        if with_floor {
+            let f = floor_low_rate(&conn, &ch, rate, secs).await;
+            println!(
+                "the floor at {rate} messages/s for {secs} s (forwarded): CPU {:.1} µs per event, {:.1} context switches per event, peak RSS {} KiB",
+                f.us_per_event, f.switches_per_event, f.peak_rss_kib
+            );
+        }
     });
 }
 
@@ -446,5 +578,28 @@ async fn instructions(
         let _ = std::fs::remove_file(p_large);
     } else {
         println!("profiles: {} {}", p_small.display(), p_large.display());
+    }
+}
+
+/// Instructions per message the floor forwards: two callgrind runs, as for the router.
+async fn floor_instructions(conn: &Connection, ch: &Channel, small: u64, large: u64) {
+    let (ir_small, p_small) = floor_callgrind_run(conn, ch, small).await;
+    let (ir_large, p_large) = floor_callgrind_run(conn, ch, large).await;
+    let per_msg = (ir_large.saturating_sub(ir_small)) as f64 / (large - small) as f64;
+    println!("floor instructions: {small} messages {ir_small}, {large} messages {ir_large}");
+    println!("floor instructions per forwarded message (lapin alone): {per_msg:.0}");
+    println!("floor, highest self cost, {large} messages:");
+    for line in top_functions(&p_large, 15) {
+        println!("  {line}");
+    }
+    if std::env::var_os("BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_file(p_small);
+        let _ = std::fs::remove_file(p_large);
+    } else {
+        println!(
+            "floor profiles: {} {}",
+            p_small.display(),
+            p_large.display()
+        );
     }
 }

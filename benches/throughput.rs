@@ -6,8 +6,11 @@
 //! and acks. The rate is measured from the first message moved to the last
 //! (start-up excluded for both); each round runs both, alternating.
 //!
-//! The shovel's two queues are classic queues with the arguments the router
-//! gives its own, so both move between the same kind of queue.
+//! The shovel runs twice a round: between two plain classic queues (the
+//! reference the issue set), and from the router's own ingress into the
+//! bucket the router would place the messages in (queues declared by the
+//! router's rules: dead-letter arguments on the ingress, TTL and
+//! dead-lettering on the bucket), so that both movers meet the same queues.
 //!
 //! The router is the release binary in its own process, as users run it, with
 //! the shipped prefetch unless BENCH_PREFETCH says otherwise.
@@ -25,8 +28,20 @@
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
 //! round (same broker, same run), to compare two builds of the router;
 //! BENCH_BIN=/path/to/delay-router replaces the one `cargo bench` built.
+//!
+//! Every round also runs the floor (benches/floor): lapin alone moving the
+//! same messages between two queues as the router moves them (two
+//! connections, the same prefetch, confirms, acks with `multiple`), in a
+//! process of its own, so the rates and CPU per message say what part of
+//! the router's cost is its own and what part is lapin's and the runtime's.
+//! BENCH_FLOOR=0 leaves it out.
 
+mod floor;
 mod procfs;
+
+// The floor runs in this binary's process (re-executed), with the router's allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use delay_router::broker;
 use delay_router::config::Config;
@@ -149,6 +164,8 @@ struct Drain {
     broker_us_per_msg: f64,
     /// Context switches of the router's threads per message (0 for the shovel).
     switches_per_msg: f64,
+    /// The share of that process's CPU spent in the kernel (stime).
+    system_share: f64,
     rss_kib: u64,
 }
 
@@ -156,13 +173,14 @@ struct Drain {
 async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>, broker: u32) -> Drain {
     let start = Instant::now();
     let mut first: Option<(Instant, u32, u64)> = None;
-    let (mut switches_before, mut broker_before) = (0, 0);
+    let (mut switches_before, mut broker_before, mut system_before) = (0, 0, 0);
     loop {
         let d = depth(conn, dst).await;
         let now = Instant::now();
         if first.is_none() && d > 0 {
             first = Some((now, d, pid.map_or(0, |p| procfs::cpu_and_rss(p).0)));
             switches_before = pid.map_or(0, procfs::context_switches);
+            system_before = pid.map_or(0, procfs::system_cpu);
             broker_before = procfs::cpu_and_rss(broker).0;
         }
         if d >= n {
@@ -172,9 +190,13 @@ async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>, brok
             let switches = pid
                 .map_or(0, procfs::context_switches)
                 .saturating_sub(switches_before);
+            let system = pid
+                .map_or(0, procfs::system_cpu)
+                .saturating_sub(system_before);
             let moved = f64::from(n - base);
             let secs = (now - t).as_secs_f64();
             return Drain {
+                system_share: system as f64 / (cpu_after - cpu_before).max(1) as f64,
                 rate: if secs > 0.0 {
                     moved / secs
                 } else {
@@ -286,29 +308,23 @@ fn rabbitmqctl(args: &[&str]) {
     );
 }
 
-async fn shovel_round(conn: &Connection, n: usize, broker: u32) -> Drain {
+/// The shovel moving `n` prefilled messages: between two plain classic
+/// queues, or (`same_queues`) from the router's own ingress into the bucket
+/// the router would place them in, as the router and the floor move them.
+async fn shovel_round(conn: &Connection, n: usize, broker: u32, same_queues: bool) -> Drain {
     let prefix = prefix();
-    let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    // The same kind of classic queue the router declares.
-    for q in [&src, &dst] {
-        ch.queue_declare(
-            q.as_str().into(),
-            QueueDeclareOptions::durable(),
-            queue_arguments(QueueType::Classic),
-        )
-        .await
-        .unwrap();
-    }
-    let shape = match std::env::var("BENCH_SHOVEL_SHAPE").as_deref() {
-        Ok("placed") => placed_props(),
-        _ => props(),
+    let (rules, src, dst) = if same_queues {
+        let (rules, ingress, bucket) = router_queues(conn, &ch, n).await;
+        (Some(rules), ingress, bucket)
+    } else {
+        let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
+        plain_queues(conn, &ch, n, &src, &dst).await;
+        (None, src, dst)
     };
-    prefill(&ch, "", &src, n, &shape).await;
-    wait_depth(conn, &src, n as u32).await;
     let definition = format!(
         r#"{{"src-protocol":"amqp091","src-uri":"amqp://guest:guest@127.0.0.1","src-queue":"{src}","dest-protocol":"amqp091","dest-uri":"amqp://guest:guest@127.0.0.1","dest-queue":"{dst}","ack-mode":"on-confirm","src-prefetch-count":1000}}"#
     );
@@ -322,8 +338,99 @@ async fn shovel_round(conn: &Connection, n: usize, broker: u32) -> Drain {
     let drain = drain_rate(conn, &dst, n as u32, None, broker).await;
     setter.await.unwrap();
     rabbitmqctl(&["clear_parameter", "-q", "shovel", &name]);
-    delete_queues(&ch, &[src, dst]).await;
+    match rules {
+        Some(rules) => {
+            delay_router::testkit::teardown::remove_topology(&ch, &rules, &[]).await;
+        }
+        None => delete_queues(&ch, &[src, dst]).await,
+    }
     drain
+}
+
+/// Two plain classic queues (no arguments), `src` prefilled with `n`
+/// messages (shaped as BENCH_SHOVEL_SHAPE says).
+async fn plain_queues(conn: &Connection, ch: &Channel, n: usize, src: &str, dst: &str) {
+    for q in [src, dst] {
+        ch.queue_declare(
+            q.into(),
+            QueueDeclareOptions::durable(),
+            queue_arguments(QueueType::Classic),
+        )
+        .await
+        .unwrap();
+    }
+    let shape = match std::env::var("BENCH_SHOVEL_SHAPE").as_deref() {
+        Ok("placed") => placed_props(),
+        _ => props(),
+    };
+    prefill(ch, "", src, n, &shape).await;
+    wait_depth(conn, src, n as u32).await;
+}
+
+/// The router's topology under a new prefix, its ingress prefilled with `n`
+/// messages: the rules and the bucket the router would place them in.
+async fn router_queues(conn: &Connection, ch: &Channel, n: usize) -> (Rules, String, String) {
+    let prefix = prefix();
+    let text = format!(
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
+    );
+    let config = Config::from_toml(&text).unwrap();
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    broker::declare::declare(conn, &rules.topology())
+        .await
+        .unwrap();
+    prefill(
+        ch,
+        rules.names.router_exchange.as_str(),
+        "bench",
+        n,
+        &props(),
+    )
+    .await;
+    wait_depth(conn, rules.names.ingress.as_str(), n as u32).await;
+    let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
+        panic!("a 30m delay waits in a bucket")
+    };
+    let ingress = rules.names.ingress.to_string();
+    (rules, ingress, queue.to_string())
+}
+
+/// The floor moving `n` prefilled messages from the router's own ingress
+/// into the bucket the router would place them in (benches/floor): the same
+/// queues, declared by the router's rules, so the broker's side is the same.
+async fn floor_round(conn: &Connection, n: usize, broker: u32) -> Drain {
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let (rules, ingress, bucket) = router_queues(conn, &ch, n).await;
+    let child = floor::command(URL, &ingress, &bucket)
+        .spawn()
+        .expect("the floor forwarder");
+    let mut guard = KillOnDrop(Some(child));
+    let pid = guard.0.as_ref().map(std::process::Child::id);
+    let drain = drain_rate(conn, &bucket, n as u32, pid, broker).await;
+    let mut child = guard.0.take().unwrap();
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "the floor exited with {status}");
+    delay_router::testkit::teardown::remove_topology(&ch, &rules, &[]).await;
+    drain
+}
+
+/// Who a round runs.
+#[derive(Clone, PartialEq)]
+enum Contender {
+    Router(std::path::PathBuf),
+    Baseline(std::path::PathBuf),
+    /// Between plain queues (false), or the router's own (true).
+    Shovel(bool),
+    Floor,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -335,6 +442,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` lists; nothing to list here.
     }
+    if floor::run_if_asked() {
+        return;
+    }
+    let with_floor = std::env::var("BENCH_FLOOR").map_or(true, |v| v != "0");
     let n = env_or("BENCH_MESSAGES", 30_000);
     let rounds = env_or("BENCH_ROUNDS", 5);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-rabbitmq");
@@ -359,6 +470,10 @@ fn main() {
         let (mut routers, mut shovels, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut cpus, mut rss, mut switches) = (Vec::new(), Vec::new(), Vec::new());
         let (mut baselines, mut vs_baseline) = (Vec::new(), Vec::new());
+        let (mut router_system, mut floor_system) = (Vec::new(), Vec::new());
+        let (mut shovels_same, mut ratios_same, mut broker_shovel_same) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut floors, mut floor_vs_shovel, mut router_vs_floor) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut floor_cpus, mut floor_switches, mut broker_floor) = (Vec::new(), Vec::new(), Vec::new());
         // The machine's CPU per message: the broker's in each drain, and
         // the router's added to it.
         let broker = procfs::broker_pid();
@@ -366,24 +481,47 @@ fn main() {
             (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
             // Rotate who goes first so nobody always runs on a warmer broker.
-            let mut contenders = vec![Some(this.clone()), None];
+            let mut contenders = vec![
+                Contender::Router(this.clone()),
+                Contender::Shovel(false),
+                Contender::Shovel(true),
+            ];
             if let Some(b) = &baseline {
-                contenders.push(Some(b.clone()));
+                contenders.push(Contender::Baseline(b.clone()));
+            }
+            if with_floor {
+                contenders.push(Contender::Floor);
             }
             let len = contenders.len();
             contenders.rotate_left((round - 1) % len);
-            let (mut r, mut s, mut b) = (0.0, 0.0, None);
+            let (mut r, mut s, mut s_same, mut b, mut f) = (0.0, 0.0, 0.0, None, None);
             for c in contenders {
                 match c {
-                    None => {
-                        let d = shovel_round(&conn, n, broker).await;
+                    Contender::Floor => {
+                        let d = floor_round(&conn, n, broker).await;
+                        println!("round {round}: floor CPU {:.1} µs/msg ({:.0} % in the kernel), {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, 100.0 * d.system_share, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
+                        floor_system.push(100.0 * d.system_share);
+                        floor_cpus.push(d.cpu_us_per_msg);
+                        floor_switches.push(d.switches_per_msg);
+                        broker_floor.push(d.broker_us_per_msg);
+                        f = Some(d.rate);
+                    }
+                    Contender::Shovel(true) => {
+                        let d = shovel_round(&conn, n, broker, true).await;
+                        println!("round {round}: shovel between the router's queues: broker CPU {:.1} µs/msg (the shovel included)", d.broker_us_per_msg);
+                        broker_shovel_same.push(d.broker_us_per_msg);
+                        s_same = d.rate;
+                    }
+                    Contender::Shovel(false) => {
+                        let d = shovel_round(&conn, n, broker, false).await;
                         println!("round {round}: shovel: broker CPU {:.1} µs/msg (the shovel included)", d.broker_us_per_msg);
                         broker_shovel.push(d.broker_us_per_msg);
                         s = d.rate;
                     }
-                    Some(bin) if bin == this => {
+                    Contender::Router(bin) => {
                         let d = router_round(&conn, n, &bin, broker).await;
-                        println!("round {round}: router CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
+                        println!("round {round}: router CPU {:.1} µs/msg ({:.0} % in the kernel), {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, 100.0 * d.system_share, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
+                        router_system.push(100.0 * d.system_share);
                         broker_router.push(d.broker_us_per_msg);
                         machine_router.push(d.broker_us_per_msg + d.cpu_us_per_msg);
                         cpus.push(d.cpu_us_per_msg);
@@ -391,7 +529,7 @@ fn main() {
                         rss.push(d.rss_kib as f64 / 1024.0);
                         r = d.rate;
                     }
-                    Some(bin) => {
+                    Contender::Baseline(bin) => {
                         let d = router_round(&conn, n, &bin, broker).await;
                         println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         b = Some(d.rate);
@@ -406,11 +544,20 @@ fn main() {
                 }
                 None => println!("round {round}: router {r:>8.0} msg/s   shovel {s:>8.0} msg/s   ratio {:.2}", r / s),
             }
+            println!("round {round}: shovel between the router's queues {s_same:>8.0} msg/s   router/that shovel {:.2}", r / s_same);
+            shovels_same.push(s_same);
+            ratios_same.push(r / s_same);
+            if let Some(f) = f {
+                println!("round {round}: floor {f:>8.0} msg/s   floor/that shovel {:.2}   router/floor {:.2}", f / s_same, r / f);
+                floors.push(f);
+                floor_vs_shovel.push(f / s_same);
+                router_vs_floor.push(r / f);
+            }
             routers.push(r);
             shovels.push(s);
             ratios.push(r / s);
         }
-        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss, &mut switches, &mut broker_router, &mut machine_router, &mut broker_shovel] {
+        for v in [&mut routers, &mut shovels, &mut ratios, &mut baselines, &mut vs_baseline, &mut cpus, &mut rss, &mut switches, &mut broker_router, &mut machine_router, &mut broker_shovel, &mut shovels_same, &mut ratios_same, &mut broker_shovel_same, &mut floors, &mut floor_vs_shovel, &mut router_vs_floor, &mut floor_cpus, &mut floor_switches, &mut broker_floor, &mut router_system, &mut floor_system] {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         }
         println!();
@@ -427,11 +574,24 @@ fn main() {
             ("ratio router/shovel", &ratios, 2),
             ("router CPU µs/msg", &cpus, 1),
             ("router context switches/msg", &switches, 2),
+            ("router CPU in the kernel %", &router_system, 0),
             ("router peak RSS MiB", &rss, 1),
             ("broker CPU µs/msg, router's drain", &broker_router, 1),
             ("router + broker CPU µs/msg", &machine_router, 1),
             ("broker CPU µs/msg, shovel's drain (shovel included)", &broker_shovel, 1),
+            ("shovel between the router's queues msg/s", &shovels_same, 0),
+            ("ratio router/shovel between the router's queues", &ratios_same, 2),
+            ("broker CPU µs/msg, that shovel's drain (shovel included)", &broker_shovel_same, 1),
         ];
+        if with_floor {
+            rows.push(("floor (lapin alone) msg/s", &floors, 0));
+            rows.push(("ratio floor/shovel between the router's queues", &floor_vs_shovel, 2));
+            rows.push(("ratio router/floor", &router_vs_floor, 2));
+            rows.push(("floor CPU µs/msg", &floor_cpus, 1));
+            rows.push(("floor context switches/msg", &floor_switches, 2));
+            rows.push(("floor CPU in the kernel %", &floor_system, 0));
+            rows.push(("broker CPU µs/msg, floor's drain", &broker_floor, 1));
+        }
         if baseline.is_some() {
             rows.push(("baseline msg/s", &baselines, 0));
             rows.push(("ratio router/baseline", &vs_baseline, 2));

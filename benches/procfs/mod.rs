@@ -20,6 +20,20 @@ pub fn cpu_and_rss(pid: u32) -> (u64, u64) {
     (ticks * 10_000, hwm) // 100 ticks per second on Linux
 }
 
+/// stime of `pid` (every thread), in microseconds: its CPU in the kernel.
+#[allow(dead_code)] // not every bench that shares this module reads it
+pub fn system_cpu(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let ticks: u64 = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .nth(12)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    ticks * 10_000
+}
+
 /// Context switches of every live thread of `pid` (voluntary and not), from
 /// `/proc/<pid>/task/*/status`: each wake-up of a sleeping thread is one.
 #[allow(dead_code)] // not every bench that shares this module reads it
