@@ -210,10 +210,10 @@ async fn the_whole_router_runs_as_a_least_privilege_user() {
 
     // A retired rung is removed by the janitor, as that user.
     run.kill_9();
-    // 2s is not on this ladder, not even as a multiple (cascade adds 6s-15s
-    // and 1500ms-375ms); the router declares those.
-    let path = write_config(&prefix, &["3s"], &extra(&prefix, &router));
-    h.track_ladder(&["3s"]);
+    // 2s is not on this ladder, not even as a multiple or on the grid
+    // (cascade adds 3s-7500ms and 750ms, 375ms); the router declares those.
+    let path = write_config(&prefix, &["1500ms"], &extra(&prefix, &router));
+    h.track_ladder(&["1500ms"]);
     let _run = spawn_binary(&path, &log);
     wait_until_gone(&h, &format!("{prefix}.bucket.2s")).await;
     let logged = std::fs::read_to_string(&log).unwrap();

@@ -107,8 +107,9 @@ async fn a_router_with_another_ladder_never_deletes_the_running_routers_buckets(
     let q = h.queue("dest").await;
     let two = format!("{}.bucket.2s", h.prefix);
     // The second router's ladder has no 2s rung, not even as a multiple
-    // (cascade adds 6s-15s and 1500ms-375ms): for it, 2s is retired.
-    let second = Second::start(&h, &["3s"], "[topology]\ncheck_interval = \"1s\"");
+    // or on the grid (cascade adds 3s-7500ms and 750ms, 375ms; a grid only
+    // below a rung over 2 s): for it, 2s is retired.
+    let second = Second::start(&h, &["1500ms"], "[topology]\ncheck_interval = \"1s\"");
     wait_consumers(&h, 2).await;
     // While both run, the first places into 2s now and then, so that the
     // bucket is sometimes empty, for longer than several sweeps of the

@@ -78,6 +78,31 @@ async fn cascade_delivers_within_milliseconds_and_never_early() {
     h.cleanup().await;
 }
 
+/// The grid: below the second rung cascade adds a rung every 2 s, so the
+/// time left under it takes one bucket and a hold (not the halves of the
+/// smallest rung one after another).
+#[tokio::test]
+async fn cascade_fills_what_is_under_the_second_rung_with_one_grid_rung() {
+    let mut h = Harness::new(&["3s", "6s"], "[placement]\nstrategy = \"cascade\"").await;
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    let bucket = |ttl: &str| format!("{}.bucket.{ttl}", h.prefix);
+    for ttl in ["2s", "4s", "1000ms", "500ms", "250ms"] {
+        assert!(h.exists(&bucket(ttl)).await, "{ttl}");
+    }
+    assert!(!h.exists(&bucket("1500ms")).await);
+    // 5.5 s: the 4s grid rung, then 1.5 s held (3s and 1500ms before the grid).
+    let sent = send(&h, &q, &[5_500, 5_500, 5_500]).await;
+    h.wait_depth(&bucket("4s"), 3).await;
+    assert_eq!(h.depth(&bucket("3s")).await, 0);
+    let late = lateness(&h, &q, &sent, Duration::from_secs(20)).await;
+    for (i, l) in &late {
+        // Expected a few ms; the margin is for shared CI machines.
+        assert!(*l < Duration::from_millis(600), "message {i} late by {l:?}");
+    }
+    h.cleanup().await;
+}
+
 /// Several whole laps of a rung wait in one bucket cascade adds (a multiple
 /// of the rung): the router places the message once, the broker
 /// dead-letters it once.

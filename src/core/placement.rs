@@ -5,10 +5,10 @@
 //!   the next rung.
 //! - `cascade`: the largest rung not longer than the time left, again at every
 //!   expiry. Its ladder is the user's plus rungs the router adds itself:
-//!   whole multiples of a rung below the next one up ([`MAX_LAPS`]), and
-//!   below the smallest rung finer ones (halving down to [`HOLD_BELOW`]);
-//!   the last fraction the router times itself while the delivery stays
-//!   unacked. Never early; late by milliseconds ([`ROUND_UP_WITHIN`]).
+//!   whole multiples of a rung below the next one up ([`MAX_LAPS`]), a rung
+//!   every [`GRID`] below the second rung and a minute, and finer ones
+//!   (halving down to [`HOLD_BELOW`]); the last fraction the router times
+//!   itself while the delivery stays unacked. Never early; late by milliseconds ([`ROUND_UP_WITHIN`]).
 //! - `priority`: round-up buckets with `x-max-priority`; the message carries a
 //!   per-message `expiration` of the time left and a priority that rises as its
 //!   delay falls within the bucket's range. Only as good as the broker's expiry
@@ -89,11 +89,16 @@ impl fmt::Display for PlacementStrategy {
     }
 }
 
-/// The rungs a strategy uses: the user's ladder, plus for cascade the
-/// multiples of each rung that fit below the next one ([`max_laps`]), and
-/// finer rungs below its smallest one (each half the one above, whole
-/// milliseconds, down to [`HOLD_BELOW`]). A rung the user's ladder already
-/// has (by TTL) is not added twice.
+/// The rungs a strategy uses: the user's ladder, plus for cascade
+/// - the multiples of each rung that fit below the next one ([`max_laps`]);
+/// - the grid: every multiple of [`GRID`] below the second rung (the only
+///   one, if it is alone) and below [`GRID_BELOW`], so that what a message
+///   has left under it takes one hop and a hold;
+/// - finer rungs below the smallest one (each half the one above, whole
+///   milliseconds): down to the grid, and below the grid's step down to
+///   [`HOLD_BELOW`] (without a grid, down to [`HOLD_BELOW`]).
+///
+/// A rung the user's ladder already has (by TTL) is not added twice.
 pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder {
     if strategy != PlacementStrategy::Cascade {
         return ladder.clone();
@@ -104,6 +109,12 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
             rungs.push(Rung { label, ttl });
         }
     };
+    let spelled = |ttl: Duration| -> String {
+        humantime::format_duration(ttl)
+            .to_string()
+            .split_whitespace()
+            .collect()
+    };
     for (i, rung) in ladder.rungs().iter().enumerate() {
         if rung.ttl < HOLD_BELOW {
             continue;
@@ -111,21 +122,51 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
         for n in 2..=max_laps(ladder, i) {
             let ttl = rung.ttl * n;
             if ttl <= MAX_TTL {
-                let label: String = humantime::format_duration(ttl)
-                    .to_string()
-                    .split_whitespace()
-                    .collect();
-                add(&mut rungs, ttl, label);
+                add(&mut rungs, ttl, spelled(ttl));
             }
         }
     }
-    let mut ms = ladder.smallest().ttl.as_millis() as u64 / 2;
-    while Duration::from_millis(ms) >= HOLD_BELOW {
-        add(&mut rungs, Duration::from_millis(ms), format!("{ms}ms"));
-        ms /= 2;
+    let smallest = ladder.smallest().ttl;
+    let grid_top = ladder
+        .rungs()
+        .get(1)
+        .map_or(smallest, |r| r.ttl)
+        .min(GRID_BELOW);
+    let mut ttl = GRID;
+    while ttl < grid_top {
+        add(&mut rungs, ttl, spelled(ttl));
+        ttl += GRID;
+    }
+    let has_grid = grid_top > GRID;
+    let halves = |rungs: &mut Vec<Rung>, from: Duration, down_to: Duration| {
+        let mut ms = from.as_millis() as u64 / 2;
+        while Duration::from_millis(ms) >= down_to.max(HOLD_BELOW) {
+            add(rungs, Duration::from_millis(ms), format!("{ms}ms"));
+            ms /= 2;
+        }
+    };
+    if has_grid {
+        halves(&mut rungs, smallest, grid_top);
+        halves(&mut rungs, GRID, HOLD_BELOW);
+    } else {
+        halves(&mut rungs, smallest, HOLD_BELOW);
     }
     Ladder::new(rungs).expect("added rungs keep the ladder valid")
 }
+
+/// The step of the cascade's grid ([`effective_ladder`]): as long as the
+/// router holds with room ([`HOLD_WITH_ROOM`]), so that what is left after a
+/// grid rung is held, not placed again.
+///
+/// The binary halving it replaces (15s, 7.5s, 3.75s, 1.875s, 937ms, 468ms
+/// below the shipped `30s`) took a message with under a minute left about
+/// 2.5 hops; the grid takes one, and every hop is a publish, a confirm, a
+/// dead-lettering, a delivery and an ack at the broker (README, A million
+/// waiting).
+pub const GRID: Duration = HOLD_WITH_ROOM;
+/// The grid stops below this (or below the second rung, if lower): a minute
+/// in 2 s steps is 29 queues.
+pub const GRID_BELOW: Duration = Duration::from_secs(60);
 
 /// Most laps of one rung a single bucket holds: the largest multiple of a
 /// rung cascade adds as a rung of its own.
@@ -326,12 +367,14 @@ mod tests {
             .collect();
         assert_eq!(laps, [("1m", 4), ("5m", 5), ("1h", 2), ("24h", MAX_LAPS)]);
         let labels: Vec<_> = shipped.rungs().iter().map(|r| r.label.as_str()).collect();
+        let grid: Vec<String> = (1..30).map(|k| format!("{}s", 2 * k)).collect();
+        assert_eq!(&labels[..3], ["250ms", "500ms", "1000ms"]);
+        assert_eq!(labels[3..32], grid);
         assert_eq!(
-            labels,
+            &labels[32..],
             [
-                "468ms", "937ms", "1875ms", "3750ms", "7500ms", "15000ms", "30s", "1m", "2m", "3m",
-                "4m", "5m", "10m", "15m", "20m", "25m", "30m", "1h", "2h", "3h", "6h", "12h",
-                "24h", "2days", "3days", "4days", "5days"
+                "1m", "2m", "3m", "4m", "5m", "10m", "15m", "20m", "25m", "30m", "1h", "2h", "3h",
+                "6h", "12h", "24h", "2days", "3days", "4days", "5days"
             ]
         );
         // A multiple the user's ladder already has is not added again.
@@ -365,12 +408,12 @@ mod tests {
         };
         assert_eq!(step(s(17 * 60 + 40)), "15m");
         assert_eq!(step(s(2 * 60 + 40)), "2m");
-        assert_eq!(step(s(40)), "30s");
-        assert_eq!(step(s(10)), "7500ms");
+        assert_eq!(step(s(40)), "40s");
+        assert_eq!(step(s(11)), "10s");
         // Within ROUND_UP_WITHIN of a rung: that rung, not the finer ones.
         assert_eq!(step(ms(15 * 60_000 - 10)), "15m");
         assert_eq!(step(ms(60_000 - 10)), "1m");
-        assert_eq!(step(ms(60_000 - 11)), "30s");
+        assert_eq!(step(ms(60_000 - 11)), "58s");
         assert_eq!(step(s(86_400 * 9)), "5days");
         assert_eq!(
             place(PlacementStrategy::Cascade, &shipped, ms(249)),
@@ -388,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn cascade_adds_halving_rungs_below_the_smallest() {
+    fn cascade_adds_the_grid_and_halving_rungs_below_the_second() {
         let l = Ladder::from_labels(&["1s", "2s"]).unwrap();
         let e = effective_ladder(PlacementStrategy::Cascade, &l);
         let labels: Vec<_> = e.rungs().iter().map(|r| r.label.as_str()).collect();
@@ -396,9 +439,37 @@ mod tests {
             labels,
             ["250ms", "500ms", "1s", "2s", "4s", "6s", "8s", "10s"]
         );
+        // With a grid: every 2 s below the second rung (or a minute), the
+        // halves of the smallest rung above it, of the grid's step below it.
         let shipped = Ladder::from_labels(&["30s", "1m"]).unwrap();
         let e = effective_ladder(PlacementStrategy::Cascade, &shipped);
-        assert_eq!(e.smallest().ttl, Duration::from_millis(468));
+        let labels: Vec<_> = e.rungs().iter().map(|r| r.label.clone()).collect();
+        let mut want = vec!["250ms".to_owned(), "500ms".into(), "1000ms".into()];
+        want.extend((1..30).map(|k| format!("{}s", 2 * k)));
+        want.extend(["1m", "2m", "3m", "4m", "5m"].map(String::from));
+        assert_eq!(labels, want);
+        let hours = Ladder::from_labels(&["1h", "3h"]).unwrap();
+        let e = effective_ladder(PlacementStrategy::Cascade, &hours);
+        let labels: Vec<_> = e.rungs().iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(&labels[..4], ["250ms", "500ms", "1000ms", "2s"]);
+        assert_eq!(
+            &labels[32..],
+            [
+                "112500ms",
+                "225000ms",
+                "450000ms",
+                "900000ms",
+                "1800000ms",
+                "1h",
+                "2h",
+                "3h",
+                "6h",
+                "9h",
+                "12h",
+                "15h"
+            ]
+        );
+        assert_eq!(labels[31], "58s");
         assert_eq!(effective_ladder(PlacementStrategy::RoundUp, &l), l);
     }
 
@@ -416,14 +487,18 @@ mod tests {
                 room,
             )
         };
-        // Without room, the 468 ms rung: a hold only below it.
+        // Without room, the 250 ms rung: a hold only below it.
         assert!(matches!(
             held(1_999, HOLD_BELOW),
             Some(Placement::Bucket { .. })
         ));
-        assert_eq!(
+        assert!(matches!(
             held(400, HOLD_BELOW),
-            Some(Placement::Hold(Duration::from_millis(400)))
+            Some(Placement::Bucket { .. })
+        ));
+        assert_eq!(
+            held(240, HOLD_BELOW),
+            Some(Placement::Hold(Duration::from_millis(240)))
         );
         assert_eq!(
             held(1_999, HOLD_WITH_ROOM),
@@ -440,6 +515,26 @@ mod tests {
                 place_or_hold(s, &plain, Duration::from_millis(500), HOLD_WITH_ROOM),
                 Some(Placement::Bucket { .. })
             ));
+        }
+    }
+
+    proptest! {
+        /// The grid: on the shipped ladder, with room to hold, anything from
+        /// 2 s to a minute takes one bucket and a hold under 2 s.
+        #[test]
+        fn under_a_minute_takes_one_hop_on_the_shipped_ladder(left_ms in 2_000u64..60_000) {
+            let l = effective_ladder(
+                PlacementStrategy::Cascade,
+                &Ladder::from_labels(&["30s", "1m", "5m"]).unwrap(),
+            );
+            let left = Duration::from_millis(left_ms);
+            let Some(Placement::Bucket { rung, .. }) =
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM)
+            else {
+                panic!("{left:?} not placed");
+            };
+            let after = left.saturating_sub(l.rungs()[rung].ttl);
+            prop_assert!(after < HOLD_WITH_ROOM, "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
         }
     }
 
