@@ -5,7 +5,7 @@
 //!   the next rung.
 //! - `cascade`: the largest rung not longer than the time left, again at every
 //!   expiry. Its ladder is the user's plus rungs the router adds itself:
-//!   whole multiples of a rung below the next one up ([`MAX_LAPS`]), a rung
+//!   whole multiples of a rung below the rung two up ([`max_laps`]), a rung
 //!   every [`GRID`] below the second rung and a minute, and finer ones
 //!   (halving down to [`HOLD_BELOW`]); the last fraction the router times
 //!   itself while the delivery stays unacked. Never early; late by milliseconds ([`ROUND_UP_WITHIN`]).
@@ -90,7 +90,9 @@ impl fmt::Display for PlacementStrategy {
 }
 
 /// The rungs a strategy uses: the user's ladder, plus for cascade
-/// - the multiples of each rung that fit below the next one ([`max_laps`]);
+/// - the multiples of each rung ([`max_laps`]): from the second rung up,
+///   those below the rung two up; of the smallest rung and the top ones,
+///   those below the next one;
 /// - the grid: every multiple of [`GRID`] below the second rung (the only
 ///   one, if it is alone) and below [`GRID_BELOW`], so that what a message
 ///   has left under it takes one hop and a hold;
@@ -127,11 +129,7 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
         }
     }
     let smallest = ladder.smallest().ttl;
-    let grid_top = ladder
-        .rungs()
-        .get(1)
-        .map_or(smallest, |r| r.ttl)
-        .min(GRID_BELOW);
+    let grid_top = grid_top(ladder);
     let mut ttl = GRID;
     while ttl < grid_top {
         add(&mut rungs, ttl, spelled(ttl));
@@ -168,27 +166,57 @@ pub const GRID: Duration = HOLD_WITH_ROOM;
 /// in 2 s steps is 29 queues.
 pub const GRID_BELOW: Duration = Duration::from_secs(60);
 
-/// Most laps of one rung a single bucket holds: the largest multiple of a
-/// rung cascade adds as a rung of its own.
+/// Most laps of one rung a single bucket holds where the multiples of a
+/// rung stop at the next rung up (rungs below [`grid_top`], and the top
+/// rungs): the largest such multiple cascade adds as a rung of its own.
 ///
 /// A message with several multiples of a rung to wait (twenty minutes on
 /// the shipped ladder: four of `5m`) waits once in `<prefix>.bucket.20m`,
 /// where it would otherwise come back through the router and the broker
 /// would dead-letter it four times. Five: enough for every rung of the
-/// shipped ladder below the top (`1m` needs four, `5m` five), and five
-/// days on the top rung, inside the default tombstone life a cancel needs
-/// (`[cancel] keep`, 7 days).
+/// shipped ladder below the top, and five days on the top rung, inside the
+/// default tombstone life a cancel needs (`[cancel] keep`, 7 days).
 pub const MAX_LAPS: u32 = 5;
 
-/// How many laps of rung `rung` of a ladder one bucket holds: as many of it
-/// as fit below the next rung up (on the top rung, [`MAX_LAPS`]), at least
-/// one, at most [`MAX_LAPS`].
+/// Most laps of one rung a single bucket holds where the multiples reach
+/// the rung two up ([`max_laps`]): `1m` up to `29m` on the shipped ladder.
+pub const MAX_REACH_LAPS: u32 = 30;
+
+/// The top of the cascade's grid: the second rung (the only one, if it is
+/// alone), at most [`GRID_BELOW`].
+pub fn grid_top(ladder: &Ladder) -> Duration {
+    ladder
+        .rungs()
+        .get(1)
+        .map_or(ladder.smallest().ttl, |r| r.ttl)
+        .min(GRID_BELOW)
+}
+
+/// How many laps of rung `rung` of a ladder one bucket holds, at least one:
+/// - a rung at or above the grid's top ([`grid_top`]) with a rung two up:
+///   as many as fit below that one, at most [`MAX_REACH_LAPS`]. A hop then
+///   skips two of the user's rungs: on the shipped ladder anything from a
+///   minute to half an hour takes one bucket of whole minutes and leaves
+///   under a minute, which the grid takes in one more, where the multiples
+///   of `5m` and then of `1m` took two and the grid a third (2.0 bucket
+///   waits a message instead of 2.8 for delays of 10–30 minutes, and the
+///   broker's expiries spread over 20 buckets instead of 4: README, A
+///   million waiting);
+/// - otherwise as many as fit below the next rung up (on the top rung,
+///   [`MAX_LAPS`]), at most [`MAX_LAPS`].
 pub fn max_laps(ladder: &Ladder, rung: usize) -> u32 {
     let rungs = ladder.rungs();
     let ttl = rungs[rung].ttl.as_millis().max(1);
-    match rungs.get(rung + 1) {
+    let reach = rungs
+        .get(rung + 2)
+        .filter(|_| rungs[rung].ttl >= grid_top(ladder));
+    let (bound, cap) = match reach {
+        Some(two_up) => (Some(two_up), MAX_REACH_LAPS),
+        None => (rungs.get(rung + 1), MAX_LAPS),
+    };
+    match bound {
         Some(next) => {
-            // Whole laps that fit below the next rung; a ratio within 1 % of
+            // Whole laps that fit below the bound; a ratio within 1 % of
             // a whole number counts as that number, so the router's halving
             // rungs (937ms over 468ms) get no multiple for an odd millisecond.
             let ratio = next.ttl.as_secs_f64() / (ttl as f64 / 1000.0);
@@ -198,7 +226,7 @@ pub fn max_laps(ladder: &Ladder, rung: usize) -> u32 {
             } else {
                 ratio.floor()
             };
-            (fit.min(f64::from(MAX_LAPS)) as u32).clamp(1, MAX_LAPS)
+            (fit.min(f64::from(cap)) as u32).clamp(1, cap)
         }
         None => MAX_LAPS,
     }
@@ -365,17 +393,38 @@ mod tests {
             .map(|i| (user.rungs()[i].label.as_str(), max_laps(&user, i)))
             .filter(|(_, n)| *n > 1)
             .collect();
-        assert_eq!(laps, [("1m", 4), ("5m", 5), ("1h", 2), ("24h", MAX_LAPS)]);
+        // From the second rung up the multiples reach the rung two up; the
+        // smallest rung's and the second-highest's stop at the next one.
+        assert_eq!(
+            laps,
+            [
+                ("1m", 29),
+                ("5m", 11),
+                ("30m", 5),
+                ("1h", 5),
+                ("3h", 3),
+                ("6h", 3),
+                ("24h", MAX_LAPS)
+            ]
+        );
         let labels: Vec<_> = shipped.rungs().iter().map(|r| r.label.as_str()).collect();
         let grid: Vec<String> = (1..30).map(|k| format!("{}s", 2 * k)).collect();
         assert_eq!(&labels[..3], ["250ms", "500ms", "1000ms"]);
         assert_eq!(labels[3..32], grid);
+        let minutes: Vec<String> = (1..=30).map(|m| format!("{m}m")).collect();
+        assert_eq!(labels[32..62], minutes);
         assert_eq!(
-            &labels[32..],
+            &labels[62..],
             [
-                "1m", "2m", "3m", "4m", "5m", "10m", "15m", "20m", "25m", "30m", "1h", "2h", "3h",
-                "6h", "12h", "24h", "2days", "3days", "4days", "5days"
+                "35m", "40m", "45m", "50m", "55m", "1h", "1h30m", "2h", "2h30m", "3h", "4h", "5h",
+                "6h", "9h", "12h", "18h", "24h", "2days", "3days", "4days", "5days"
             ]
+        );
+        // A rung with a rung two up but below the grid's top stops at the next.
+        let l = Ladder::from_labels(&["1s", "2s", "4s", "8s"]).unwrap();
+        assert_eq!(
+            (0..4).map(|i| max_laps(&l, i)).collect::<Vec<_>>(),
+            [1, 3, 1, MAX_LAPS]
         );
         // A multiple the user's ladder already has is not added again.
         let l = Ladder::from_labels(&["1s", "2s", "4s"]).unwrap();
@@ -406,7 +455,9 @@ mod tests {
             Some(Placement::Bucket { rung, .. }) => shipped.rungs()[rung].label.clone(),
             other => panic!("{left:?}: {other:?}"),
         };
-        assert_eq!(step(s(17 * 60 + 40)), "15m");
+        assert_eq!(step(s(17 * 60 + 40)), "17m");
+        assert_eq!(step(s(47 * 60)), "45m");
+        assert_eq!(step(s(2 * 3600 + 17 * 60)), "2h");
         assert_eq!(step(s(2 * 60 + 40)), "2m");
         assert_eq!(step(s(40)), "40s");
         assert_eq!(step(s(11)), "10s");
@@ -535,6 +586,25 @@ mod tests {
             };
             let after = left.saturating_sub(l.rungs()[rung].ttl);
             prop_assert!(after < HOLD_WITH_ROOM, "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
+        }
+
+        /// The multiples of `1m` reach `30m`: on the shipped ladder anything
+        /// from a minute to half an hour takes one bucket and leaves under a
+        /// minute (which the grid then takes in one).
+        #[test]
+        fn under_half_an_hour_takes_one_hop_to_the_grid_on_the_shipped_ladder(left_ms in 60_000u64..1_800_000) {
+            let l = effective_ladder(
+                PlacementStrategy::Cascade,
+                &Ladder::from_labels(&["30s", "1m", "5m", "30m", "1h"]).unwrap(),
+            );
+            let left = Duration::from_millis(left_ms);
+            let Some(Placement::Bucket { rung, .. }) =
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM)
+            else {
+                panic!("{left:?} not placed");
+            };
+            let after = left.saturating_sub(l.rungs()[rung].ttl);
+            prop_assert!(after < Duration::from_secs(60), "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
         }
     }
 
