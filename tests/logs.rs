@@ -49,6 +49,18 @@ async fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_in_a_fil
             .starts_with("invalid delay")
     );
     assert!(!json.contains('\u{1b}'));
+    // Classic buckets (the default): the router says once what they risk.
+    let classic: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("queue_type is classic"))
+        })
+        .collect();
+    assert_eq!(classic.len(), 1, "{json}");
+    assert_eq!(classic[0]["level"], "WARN");
 
     // Drain the park before the second run.
     h.receive(h.names.parked.as_str(), 1, Duration::from_secs(5))

@@ -38,13 +38,14 @@ use crate::broker::BrokerError;
 use crate::config::Config;
 use crate::core::decision::Rules;
 use crate::core::reasons::BrokerReply;
+use crate::core::topology::QueueType;
 use destinations::Destinations;
 use stats::Stats;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 /// How long shutdown waits for in-flight publishes to be confirmed and acked.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -124,6 +125,13 @@ pub async fn run_with_stats(
     shutdown: impl Future<Output = ()>,
     stats: Arc<Stats>,
 ) -> Result<(), RouterError> {
+    if config.queue_type == QueueType::Classic {
+        warn!(
+            "queue_type is classic: RabbitMQ dead-letters a classic bucket at most once, and \
+             what expires while the broker stops or restarts is dropped; \
+             queue_type = \"quorum\" dead-letters at least once (README, Guarantees)"
+        );
+    }
     let rules = Arc::new(Rules::from_config(&config));
     let stop = CancellationToken::new();
     let health = Arc::new(health::Health::default());
