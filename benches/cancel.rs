@@ -78,7 +78,7 @@ async fn declare(ch: &lapin::Channel, queue: &str) {
 async fn round(conn: &Connection, tombstones: usize, messages: usize) -> Round {
     let prefix = format!("bc-{:08x}", rand::random::<u32>());
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n[cancel]\nkeep = \"1h\"\n\
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"classic\"\n[cancel]\nkeep = \"1h\"\n\
          [[bucket]]\nttl = \"1s\"\n[[bucket]]\nttl = \"2s\"\n"
     );
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));

@@ -131,7 +131,7 @@ fn main() {
                 .await
                 .ok()
                 .and_then(|i| i.major_minor());
-            if let Verdict::Refuse(why) = compat::judge(strategy, config.queue_type, version) {
+            if let Verdict::Refuse(why) = compat::judge(strategy, delay_router::core::decision::Rules::from_config(&config).queue_type, version) {
                 println!("{label}: not run ({why})");
                 continue;
             }

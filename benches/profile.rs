@@ -103,7 +103,9 @@ struct Setup {
 
 async fn setup(conn: &Connection, ladder: &str) -> Setup {
     let prefix = format!("bench-profile-{:08x}", rand::random::<u32>());
-    let text = format!("[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n{ladder}");
+    let text = format!(
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"classic\"\n{ladder}"
+    );
     let config = Config::from_toml(&text).unwrap();
     // BENCH_TRANSIT_FORMAT=spelled-out: the bucket messages of BENCH_WAY=delivery
     // as a build before the compact record wrote them (to measure that build).

@@ -35,6 +35,9 @@
 //! process of its own, so the rates and CPU per message say what part of
 //! the router's cost is its own and what part is lapin's and the runtime's.
 //! BENCH_FLOOR=0 leaves it out.
+//!
+//! BENCH_QUEUE_TYPE=quorum: every queue of the run (the router's, the
+//! floor's, the shovel's plain pair) a quorum queue; classic otherwise.
 
 mod floor;
 mod procfs;
@@ -58,6 +61,13 @@ const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const BODY: usize = 512;
 const WINDOW: usize = 2000;
 const POLL: Duration = Duration::from_millis(5);
+
+/// The type of every queue of the run (BENCH_QUEUE_TYPE, classic unless set).
+fn queue_type() -> QueueType {
+    std::env::var("BENCH_QUEUE_TYPE").map_or(QueueType::Classic, |t| {
+        t.parse().expect("BENCH_QUEUE_TYPE: classic or quorum")
+    })
+}
 
 fn env_or(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -89,7 +99,7 @@ fn props() -> BasicProperties {
 /// it: its transit headers and a derived `message-id`. BENCH_SHOVEL_SHAPE=placed
 /// has the shovel move messages of this shape, so both move the same bytes.
 fn placed_props() -> BasicProperties {
-    let text = "[amqp]\nurl = \"amqp://127.0.0.1\"\n[topology]\nprefix = \"bench-00000000\"\n[[bucket]]\nttl = \"1h\"\n";
+    let text = "[amqp]\nurl = \"amqp://127.0.0.1\"\n[topology]\nprefix = \"bench-00000000\"\nqueue_type = \"classic\"\n[[bucket]]\nttl = \"1h\"\n";
     let config = Config::from_toml(text).unwrap();
     let rules = Rules::new(&config.ladder, config.strategy, "bench-00000000", "guest");
     let now_ms = 1_800_000_000_000;
@@ -234,11 +244,12 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path, bro
     let prefetch = std::env::var("BENCH_PREFETCH")
         .map(|p| format!("prefetch = \"{p}\"\n"))
         .unwrap_or_default();
+    let qt = queue_type();
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
+        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest").with_queue_type(qt);
     let names = rules.names.clone();
     broker::declare::declare(conn, &rules.topology())
         .await
@@ -347,14 +358,14 @@ async fn shovel_round(conn: &Connection, n: usize, broker: u32, same_queues: boo
     drain
 }
 
-/// Two plain classic queues (no arguments), `src` prefilled with `n`
+/// Two plain queues (no arguments but the BENCH_QUEUE_TYPE), `src` prefilled with `n`
 /// messages (shaped as BENCH_SHOVEL_SHAPE says).
 async fn plain_queues(conn: &Connection, ch: &Channel, n: usize, src: &str, dst: &str) {
     for q in [src, dst] {
         ch.queue_declare(
             q.into(),
             QueueDeclareOptions::durable(),
-            queue_arguments(QueueType::Classic),
+            queue_arguments(queue_type()),
         )
         .await
         .unwrap();
@@ -371,11 +382,12 @@ async fn plain_queues(conn: &Connection, ch: &Channel, n: usize, src: &str, dst:
 /// messages: the rules and the bucket the router would place them in.
 async fn router_queues(conn: &Connection, ch: &Channel, n: usize) -> (Rules, String, String) {
     let prefix = prefix();
+    let qt = queue_type();
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\n[[bucket]]\nttl = \"1h\"\n"
+        "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest");
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest").with_queue_type(qt);
     broker::declare::declare(conn, &rules.topology())
         .await
         .unwrap();
@@ -565,7 +577,7 @@ fn main() {
             Ok("placed") => "messages shaped as the router places them",
             _ => "the senders' messages",
         };
-        println!("{n} persistent {BODY}-byte messages, {rounds} rounds, ingress -> bucket vs shovel queue -> queue ({shape})");
+        println!("{n} persistent {BODY}-byte messages, {rounds} rounds, {} queues, ingress -> bucket vs shovel queue -> queue ({shape})", queue_type());
         println!("| | min | median | max |");
         println!("|---|---|---|---|");
         let mut rows = vec![

@@ -49,7 +49,7 @@ async fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_in_a_fil
             .starts_with("invalid delay")
     );
     assert!(!json.contains('\u{1b}'));
-    // Classic buckets (the default): the router says once what they risk.
+    // Classic buckets (the tests' default): the router says once what they risk.
     let classic: Vec<serde_json::Value> = lines
         .iter()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

@@ -60,6 +60,13 @@ impl RouterProcess {
                 std::env::var("BENCH_ROUTER_LOG")
                     .unwrap_or_else(|_| "warn,lapin::channel=off".to_owned()),
             )
+            // Classic buckets unless BENCH_QUEUE_TYPE says otherwise (the
+            // figures in README are with classic buckets unless they say
+            // quorum); `env` may name it too.
+            .env(
+                "DELAY_ROUTER__TOPOLOGY__QUEUE_TYPE",
+                std::env::var("BENCH_QUEUE_TYPE").unwrap_or_else(|_| "classic".to_owned()),
+            )
             .envs(env.iter().copied())
             .spawn()
             .expect("router binary");

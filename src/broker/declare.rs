@@ -3,7 +3,13 @@
 //! saying which queue and what to do.
 
 use super::{BrokerError, PRECONDITION_FAILED, RPC_TIMEOUT, channel, close_channel, timed};
-use crate::core::topology::{QUEUE_VERSION_ARGUMENT, Topology, due_binding, lanes_arguments};
+use crate::config::{AmqpUrl, CaFile};
+use crate::core::compat;
+use crate::core::placement::PlacementStrategy;
+use crate::core::topology::{
+    Names, QUEUE_VERSION_ARGUMENT, QueueType, Topology, TypeClue, due_binding, ingress_arguments,
+    lanes_arguments, type_clue,
+};
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
@@ -101,6 +107,74 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
     .await;
     close_channel(&ch, "declared").await;
     declared
+}
+
+/// The type of an existing prefix's queues, read off its ingress queue;
+/// `None` for a new prefix (no ingress). What `queue_type = "auto"` adopts.
+///
+/// AMQP tells a queue's type only by refusing a declare that names another:
+/// the ingress is declared (it exists, so nothing is created) with the
+/// arguments a quorum ingress of this version has. Accepted: quorum. Refused
+/// over `x-queue-type`: classic. Refused over another argument the declare
+/// sent (an earlier version's queue without it): declared again without it,
+/// so at most once per argument. Refused over anything else: a
+/// [`BrokerError::Conflict`] saying to set the type.
+pub async fn existing_queue_type(
+    conn: &Connection,
+    names: &Names,
+) -> Result<Option<QueueType>, BrokerError> {
+    let q = &names.ingress;
+    if super::probe::queue(conn, q).await?.is_none() {
+        return Ok(None);
+    }
+    let mut args = ingress_arguments(names, QueueType::Quorum);
+    loop {
+        let ch = channel(conn).await?;
+        let declared = queue(&ch, q, args.clone()).await;
+        close_channel(&ch, "probed").await;
+        let detail = match declared {
+            Ok(()) => return Ok(Some(QueueType::Quorum)),
+            Err(BrokerError::Conflict { detail, .. }) => detail,
+            Err(e) => return Err(e),
+        };
+        match type_clue(&detail, &args) {
+            TypeClue::NotQuorum => return Ok(Some(QueueType::Classic)),
+            TypeClue::Without(arg) => args = without(&args, &arg),
+            TypeClue::Unknown => {
+                return Err(BrokerError::Conflict {
+                    kind: "queue",
+                    name: q.to_string(),
+                    detail: format!(
+                        "{detail}; queue_type = \"auto\" cannot tell the type of the queues of \
+                         prefix {}: set [topology] queue_type to \"classic\" or \"quorum\"",
+                        names.prefix
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// What `queue_type = "auto"` declares for `names` on the broker at `url`
+/// (`conn` a connection to it): the type of the prefix's queues, and `true`,
+/// when they exist ([`existing_queue_type`]); else the type for a new
+/// prefix ([`compat::new_prefix_queue_type`], by the version the broker
+/// states), and `false`.
+pub async fn auto_queue_type(
+    conn: &Connection,
+    url: &AmqpUrl,
+    ca: Option<&CaFile>,
+    names: &Names,
+    strategy: PlacementStrategy,
+) -> Result<(QueueType, bool), BrokerError> {
+    if let Some(t) = existing_queue_type(conn, names).await? {
+        return Ok((t, true));
+    }
+    let version = super::server::server_info(url, ca)
+        .await
+        .ok()
+        .and_then(|i| i.major_minor());
+    Ok((compat::new_prefix_queue_type(strategy, version), false))
 }
 
 /// Arguments of the router's own queues that later versions added: a queue

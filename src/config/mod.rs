@@ -5,7 +5,7 @@ use crate::core::ladder::{Ladder, LadderError, parse_rung};
 use crate::core::placement::PlacementStrategy;
 use crate::core::retry::Policy;
 use crate::core::security::AllowList;
-use crate::core::topology::{MAX_PREFIX_LEN, QueueType};
+use crate::core::topology::{MAX_PREFIX_LEN, QueueType, QueueTypeSetting};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -163,7 +163,9 @@ pub struct Config {
     /// `[placement] transit_format`: how the router's bookkeeping is written
     /// into bucket messages (both formats are always read).
     pub transit_format: crate::core::envelope::TransitFormat,
-    pub queue_type: QueueType,
+    /// `[topology] queue_type`: classic, quorum, or auto (the default): the
+    /// type the prefix's queues already have, quorum for a new prefix.
+    pub queue_type: QueueTypeSetting,
     /// `[topology] classic_queue_version`: `x-queue-version` of every classic
     /// queue the router declares; `None` declares none (the broker's default).
     pub classic_queue_version: Option<u8>,
@@ -318,9 +320,9 @@ impl Config {
                 .parse()
                 .map_err(|m| invalid("placement.transit_format", &v, m))?,
         };
-        let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "classic".into());
+        let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "auto".into());
         let queue_type = queue_type_raw
-            .parse::<QueueType>()
+            .parse::<QueueTypeSetting>()
             .map_err(|m| invalid("topology.queue_type", &queue_type_raw, m))?;
         let classic_queue_version = match raw.topology.classic_queue_version {
             None => None,
@@ -337,7 +339,7 @@ impl Config {
                         ));
                     }
                 };
-                if queue_type != QueueType::Classic {
+                if queue_type == QueueTypeSetting::Fixed(QueueType::Quorum) {
                     return Err(invalid(
                         key,
                         &raw_version,

@@ -95,6 +95,27 @@ fn the_classic_queue_version_is_unset_unless_configured() {
 }
 
 #[test]
+fn the_queue_type_is_auto_unless_configured() {
+    use crate::core::topology::{QueueType, QueueTypeSetting};
+    let one = "[[bucket]]\nttl = \"1s\"\n";
+    assert_eq!(
+        Config::from_toml(one).unwrap().queue_type,
+        QueueTypeSetting::Auto
+    );
+    for (text, setting) in [
+        ("auto", QueueTypeSetting::Auto),
+        ("classic", QueueTypeSetting::Fixed(QueueType::Classic)),
+        ("quorum", QueueTypeSetting::Fixed(QueueType::Quorum)),
+    ] {
+        let c = Config::from_toml(&format!("[topology]\nqueue_type = \"{text}\"\n{one}")).unwrap();
+        assert_eq!(c.queue_type, setting);
+    }
+    // auto may meet classic queues: their storage version may be set.
+    let c = Config::from_toml(&format!("[topology]\nclassic_queue_version = 2\n{one}")).unwrap();
+    assert_eq!(c.classic_queue_version, Some(2));
+}
+
+#[test]
 fn policies_are_validated_naming_the_field() {
     let base = "[[bucket]]\nttl = \"1s\"\n[[policy]]\nqueue = \"orders.*\"\ninitial = \"1s\"\nmax_attempts = 4\n";
     let c = Config::from_toml(&format!(

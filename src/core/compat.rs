@@ -62,10 +62,44 @@ pub fn judge(
     }
 }
 
+/// The queue type `queue_type = "auto"` gives a new prefix: quorum, unless
+/// this broker refuses `strategy` on quorum buckets (`priority` before
+/// [`QUORUM_PRIORITY_SINCE`]), where it is classic.
+pub fn new_prefix_queue_type(
+    strategy: PlacementStrategy,
+    version: Option<(u32, u32)>,
+) -> QueueType {
+    match judge(strategy, QueueType::Quorum, version) {
+        Verdict::Refuse(_) => QueueType::Classic,
+        Verdict::Fine | Verdict::Warn(_) => QueueType::Quorum,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use PlacementStrategy::*;
+
+    #[test]
+    fn a_new_prefix_gets_quorum_unless_the_broker_refuses_the_strategy_on_it() {
+        for v in [
+            None,
+            Some((3, 10)),
+            Some((4, 2)),
+            Some((4, 3)),
+            Some((5, 0)),
+        ] {
+            assert_eq!(new_prefix_queue_type(Cascade, v), QueueType::Quorum);
+            assert_eq!(new_prefix_queue_type(RoundUp, v), QueueType::Quorum);
+        }
+        for v in [None, Some((3, 10)), Some((4, 2))] {
+            assert_eq!(new_prefix_queue_type(Priority, v), QueueType::Classic);
+        }
+        assert_eq!(
+            new_prefix_queue_type(Priority, Some((4, 3))),
+            QueueType::Quorum
+        );
+    }
 
     #[test]
     fn only_priority_is_judged() {

@@ -207,7 +207,12 @@ impl Rules {
         self
     }
 
-    /// The rules a configuration describes.
+    /// The rules a configuration describes. With `queue_type = "auto"` they
+    /// declare quorum queues, what a new prefix gets: whoever declares
+    /// (the router's supervisor, `delay-router declare`) first asks the
+    /// broker what an existing prefix has
+    /// (`broker::declare::existing_queue_type`) and sets it with
+    /// [`Rules::with_queue_type`].
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self::new(
             &config.ladder,
@@ -216,7 +221,7 @@ impl Rules {
             config.url.username(),
         )
         .with_policies(config.policies.clone())
-        .with_queue_type(config.queue_type)
+        .with_queue_type(config.queue_type.fixed().unwrap_or(QueueType::Quorum))
         .with_classic_version(config.classic_queue_version)
         .with_allow_list(config.allow_destinations.clone())
         .with_cancel_keep(config.cancel_keep)

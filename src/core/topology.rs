@@ -279,6 +279,83 @@ impl std::fmt::Display for QueueType {
     }
 }
 
+/// `[topology] queue_type`: one type for every router queue, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueTypeSetting {
+    /// The type the prefix's queues already have (an upgrade keeps them as
+    /// they are), quorum for a new prefix: learned from the broker once,
+    /// when the router first connects (`broker::declare::existing_queue_type`).
+    #[default]
+    Auto,
+    /// This type; a prefix declared with the other one is a conflict.
+    Fixed(QueueType),
+}
+
+impl QueueTypeSetting {
+    /// The type this setting names, `None` for `auto`.
+    pub fn fixed(self) -> Option<QueueType> {
+        match self {
+            Self::Auto => None,
+            Self::Fixed(t) => Some(t),
+        }
+    }
+}
+
+impl std::str::FromStr for QueueTypeSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            other => other.parse().map(Self::Fixed).map_err(|_| {
+                format!("unknown queue type \"{other}\"; expected auto, classic or quorum")
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for QueueTypeSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(t) => t.fmt(f),
+        }
+    }
+}
+
+/// What a refused `queue.declare` of an existing queue, with the arguments
+/// a quorum queue of the router has, says about the queue's type. RabbitMQ
+/// tells a queue's type over AMQP only this way: it names the first
+/// argument that differs, `x-queue-type` once every argument it checks
+/// before that one agrees ("received 'quorum' but current is 'classic'" on
+/// 4.x, "received the value 'quorum' ... but current is none" on 3.x).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TypeClue {
+    /// The broker named `x-queue-type`, or `x-queue-version` (which only
+    /// classic queues have): the queue is not a quorum queue.
+    NotQuorum,
+    /// The broker named this argument of the declare: declare again without it.
+    Without(String),
+    /// The broker named no argument, or one the declare did not send: the
+    /// refusal says nothing of the type.
+    Unknown,
+}
+
+/// Reads a refused declare's words (`detail`, the broker's reply text) for
+/// a declare that sent `sent`.
+pub fn type_clue(detail: &str, sent: &FieldTable) -> TypeClue {
+    let Some(rest) = detail.split_once("inequivalent arg '").map(|(_, r)| r) else {
+        return TypeClue::Unknown;
+    };
+    let Some((arg, _)) = rest.split_once('\'') else {
+        return TypeClue::Unknown;
+    };
+    match arg {
+        "x-queue-type" | QUEUE_VERSION_ARGUMENT => TypeClue::NotQuorum,
+        a if sent.contains_key(a) => TypeClue::Without(a.to_owned()),
+        _ => TypeClue::Unknown,
+    }
+}
+
 /// How long tombstones live by default: a cancel protects a message due
 /// within this time after it (`[cancel] keep`).
 pub const DEFAULT_CANCEL_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -658,5 +735,59 @@ mod tests {
                 .contains_key("x-max-priority"),
             "quorum queues refuse x-max-priority"
         );
+    }
+
+    #[test]
+    fn a_refused_declare_tells_the_type_only_when_it_names_the_type() {
+        let names = Names::new("p");
+        let sent = ingress_arguments(&names, QueueType::Quorum);
+        let q = "for queue 'p.ingress' in vhost '/'";
+        // RabbitMQ 3.10.8 and 4.3.6, the queue declared classic by the router.
+        for detail in [
+            format!(
+                "inequivalent arg 'x-queue-type' {q}: received the value 'quorum' of type 'longstr' but current is none"
+            ),
+            format!(
+                "inequivalent arg 'x-queue-type' {q}: received 'quorum' but current is 'classic'"
+            ),
+            format!(
+                "inequivalent arg 'x-queue-version' {q}: received none but current is the value '2' of type 'signedint'"
+            ),
+        ] {
+            assert_eq!(type_clue(&detail, &sent), TypeClue::NotQuorum, "{detail}");
+        }
+        // An argument the declare sent: leave it out and ask again.
+        let detail = format!(
+            "inequivalent arg 'x-delivery-limit' {q}: received the value '20' of type 'signedint' but current is none"
+        );
+        assert_eq!(
+            type_clue(&detail, &sent),
+            TypeClue::Without("x-delivery-limit".into())
+        );
+        // One it did not send, or no argument at all: no clue.
+        for detail in [
+            format!("inequivalent arg 'x-max-length' {q}: received none but current is the value '5' of type 'long'"),
+            "inequivalent arg 'durable' for queue 'p.ingress': received 'true' but current is 'false'".into(),
+            "queue 'p.ingress' in vhost '/' in exclusive use".into(),
+            "inequivalent arg 'x-queue-type".into(),
+        ] {
+            assert_eq!(type_clue(&detail, &sent), TypeClue::Unknown, "{detail}");
+        }
+    }
+
+    #[test]
+    fn queue_type_setting_reads_auto_and_both_types() {
+        for (text, setting) in [
+            ("auto", QueueTypeSetting::Auto),
+            ("classic", QueueTypeSetting::Fixed(QueueType::Classic)),
+            ("quorum", QueueTypeSetting::Fixed(QueueType::Quorum)),
+        ] {
+            assert_eq!(text.parse::<QueueTypeSetting>(), Ok(setting));
+            assert_eq!(setting.to_string(), text);
+        }
+        assert_eq!(QueueTypeSetting::default(), QueueTypeSetting::Auto);
+        assert_eq!(QueueTypeSetting::Auto.fixed(), None);
+        let e = "mirrored".parse::<QueueTypeSetting>().unwrap_err();
+        assert!(e.contains("expected auto, classic or quorum"), "{e}");
     }
 }

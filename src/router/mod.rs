@@ -38,7 +38,7 @@ use crate::broker::BrokerError;
 use crate::config::Config;
 use crate::core::decision::Rules;
 use crate::core::reasons::BrokerReply;
-use crate::core::topology::QueueType;
+use crate::core::topology::{QueueType, QueueTypeSetting};
 use destinations::Destinations;
 use stats::Stats;
 use std::future::Future;
@@ -125,12 +125,8 @@ pub async fn run_with_stats(
     shutdown: impl Future<Output = ()>,
     stats: Arc<Stats>,
 ) -> Result<(), RouterError> {
-    if config.queue_type == QueueType::Classic {
-        warn!(
-            "queue_type is classic: RabbitMQ dead-letters a classic bucket at most once, and \
-             what expires while the broker stops or restarts is dropped; \
-             queue_type = \"quorum\" dead-letters at least once (README, Guarantees)"
-        );
+    if config.queue_type == QueueTypeSetting::Fixed(QueueType::Classic) {
+        warn_classic();
     }
     let rules = Arc::new(Rules::from_config(&config));
     let stop = CancellationToken::new();
@@ -170,4 +166,14 @@ pub async fn run_with_stats(
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
     }
     result
+}
+
+/// Said once at start when the buckets are classic queues (configured, or
+/// found by `queue_type = "auto"`).
+fn warn_classic() {
+    warn!(
+        "queue_type is classic: RabbitMQ dead-letters a classic bucket at most once, and \
+         what expires while the broker stops or restarts is dropped; \
+         queue_type = \"quorum\" dead-letters at least once (README, Guarantees)"
+    );
 }

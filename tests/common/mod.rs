@@ -45,16 +45,19 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
     } else {
         extra = format!("[amqp]\n{url_line}\n{extra}");
     }
-    // `extra` may open its own [topology] table; the prefix goes into it.
+    // `extra` may open its own [topology] table; the prefix goes into it,
+    // and classic queues unless `extra` names a queue_type: the router's
+    // default (auto) declares quorum queues for a new prefix, which the tests
+    // that ask for them test (tests/quorum.rs, tests/queue_type.rs).
+    let mut topology = format!("[topology]\nprefix = \"{prefix}\"");
+    if !extra.contains("queue_type") {
+        topology.push_str("\nqueue_type = \"classic\"");
+    }
     let mut t = if extra.contains("[topology]") {
-        let extra = extra.replacen(
-            "[topology]",
-            &format!("[topology]\nprefix = \"{prefix}\""),
-            1,
-        );
+        let extra = extra.replacen("[topology]", &topology, 1);
         format!("{extra}\n")
     } else {
-        format!("[topology]\nprefix = \"{prefix}\"\n{extra}\n")
+        format!("{topology}\n{extra}\n")
     };
     for rung in ladder {
         t.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
