@@ -49,9 +49,11 @@ pub fn config_toml(prefix: &str, ladder: &[&str], extra: &str) -> String {
     // and classic queues unless `extra` names a queue_type: the router's
     // default (auto) declares quorum queues for a new prefix, which the tests
     // that ask for them test (tests/quorum.rs, tests/queue_type.rs).
+    // DELAY_ROUTER_TEST_QUEUE_TYPE=quorum (or auto) runs the others so.
     let mut topology = format!("[topology]\nprefix = \"{prefix}\"");
     if !extra.contains("queue_type") {
-        topology.push_str("\nqueue_type = \"classic\"");
+        let t = std::env::var("DELAY_ROUTER_TEST_QUEUE_TYPE").unwrap_or_else(|_| "classic".into());
+        topology.push_str(&format!("\nqueue_type = \"{t}\""));
     }
     let mut t = if extra.contains("[topology]") {
         let extra = extra.replacen("[topology]", &topology, 1);
