@@ -246,3 +246,32 @@ async fn priority_with_quorum_buckets_expires_per_level_on_4_3_and_is_refused_be
     }
     h.cleanup().await;
 }
+
+/// A retired quorum bucket: RabbitMQ refuses `queue.delete if-empty` on a
+/// quorum queue with 540 NOT_IMPLEMENTED and closes the connection, so the
+/// janitor leaves it (with a warning naming the command) instead of ending
+/// the router's session at every sweep.
+#[tokio::test]
+async fn a_retired_quorum_bucket_is_left_in_place_and_the_session_lives_on() {
+    let port = free_port();
+    let extra = format!("{QUORUM}[metrics]\nlisten = \"127.0.0.1:{port}\"\n");
+    let mut h = Harness::new(&["1s", "2s"], &extra).await;
+    h.start_router().await;
+    let retired = format!("{}.bucket.2s", h.prefix);
+    assert!(h.exists(&retired).await);
+    h.restart_with(&["1s"], &extra).await;
+    // Three of the janitor's sweeps.
+    tokio::time::sleep(delay_router::router::janitor::SWEEP_EVERY * 3).await;
+    assert!(h.exists(&retired).await, "left for the operator");
+    let q = h.queue("dest").await;
+    h.publish("k", to_queue(&q, AMQPValue::LongLongInt(500)), b"x")
+        .await;
+    assert_eq!(h.receive(&q, 1, Duration::from_secs(20)).await.len(), 1);
+    let s = scrape(port).await;
+    assert_eq!(
+        sample(&s, "delay_router_reconnects_total", &[]),
+        Some(0.0),
+        "the router's session never ended"
+    );
+    h.cleanup().await;
+}

@@ -7,7 +7,7 @@ use crate::broker::publish::{Message, Outcome, confirm_channel, publish_once};
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, probe, timed};
 use crate::core::envelope::PERSISTENT;
 use crate::core::topology::{
-    Topology, feeds_into, laps_of, parse_state, render_state, stale_buckets,
+    QueueType, Topology, feeds_into, laps_of, parse_state, render_state, stale_buckets,
 };
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
 use lapin::types::ShortString;
@@ -106,6 +106,15 @@ pub async fn sweep(
             let queue = ShortString::from(q.as_str());
             match probe::depth(conn, &queue).await? {
                 None => info!(bucket = %q, "stale bucket already gone"),
+                // RabbitMQ refuses `if-empty` on a quorum queue with 540
+                // NOT_IMPLEMENTED, closing the connection (the router's):
+                // an empty quorum bucket is left for the operator, once.
+                Some(0) if t.queue_type == QueueType::Quorum => warn!(
+                    bucket = %q,
+                    "stale quorum bucket empty: RabbitMQ deletes a quorum queue only \
+                     unconditionally, so the router leaves it; delete it once no router \
+                     uses it: rabbitmqctl delete_queue {q}"
+                ),
                 Some(0) => match delete_if_empty(conn, &queue).await {
                     Ok(()) => info!(bucket = %q, "stale bucket empty: removed"),
                     // Not empty after all (a message arrived): try again later.
