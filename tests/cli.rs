@@ -222,8 +222,11 @@ async fn sigterm_stops_run_cleanly_and_loses_nothing() {
 
 #[tokio::test]
 async fn the_priority_strategy_warns_at_start_what_the_broker_gives() {
-    let mut h = Harness::new(&["1s"], "[placement]\nstrategy = \"priority\"").await;
-    let path = write_config(&h.prefix, &["1s"], "[placement]\nstrategy = \"priority\"");
+    // Classic buckets, whose priorities the warning describes.
+    const EXTRA: &str =
+        "[topology]\nqueue_type = \"classic\"\n[placement]\nstrategy = \"priority\"";
+    let mut h = Harness::new(&["1s"], EXTRA).await;
+    let path = write_config(&h.prefix, &["1s"], EXTRA);
     let child = spawn_run(&h, &path).await;
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

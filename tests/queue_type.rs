@@ -84,7 +84,7 @@ async fn auto_declares_quorum_queues_for_a_new_prefix_and_keeps_them() {
 #[tokio::test]
 async fn auto_keeps_the_classic_queues_of_an_existing_prefix_and_warns_once() {
     // A prefix declared classic, as the default of earlier versions did.
-    let mut h = Harness::new(&LADDER, "").await;
+    let mut h = Harness::new(&LADDER, "[topology]\nqueue_type = \"classic\"\n").await;
     h.start_router().await;
     h.stop_router().await.unwrap();
     let q = h.queue("dest").await;

@@ -38,7 +38,15 @@ async fn quorum_buckets_deliver_every_message_never_early() {
     }
     // The queues really are quorum queues: declaring them classic conflicts.
     let classic = std::env::temp_dir().join(format!("{}.toml", h.prefix));
-    std::fs::write(&classic, config_toml(&h.prefix, &["1s", "2s"], "")).unwrap();
+    std::fs::write(
+        &classic,
+        config_toml(
+            &h.prefix,
+            &["1s", "2s"],
+            "[topology]\nqueue_type = \"classic\"",
+        ),
+    )
+    .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_delay-router"))
         .args(["declare", "--config"])
         .arg(&classic)
@@ -166,27 +174,55 @@ async fn a_quorum_prefix_declared_by_an_earlier_version_keeps_working() {
 
 /// `parked list` reads without acking, so every listing returns the parked
 /// messages to their queue, which a quorum queue counts as a failed
-/// delivery: listing the park often must never dead-letter anything.
+/// delivery: listing the park often must never dead-letter anything. And
+/// the park counts them again when `list` returns.
 #[tokio::test]
 async fn listing_a_quorum_park_many_times_loses_nothing() {
     let mut h = Harness::new(&["1s"], QUORUM).await;
     h.start_router().await;
-    h.publish(
-        "k",
-        to_queue("nowhere", s("soon")).with_message_id("bad".into()),
-        b"parked",
-    )
-    .await;
-    h.wait_depth(h.names.parked.as_str(), 1).await;
-    for _ in 0..(delay_router::core::topology::DELIVERY_LIMIT + 5) {
+    const PARKED: u32 = 200;
+    for i in 0..PARKED {
+        h.publish(
+            "k",
+            to_queue("nowhere", s("soon")).with_message_id(format!("bad{i}").into()),
+            b"parked",
+        )
+        .await;
+    }
+    h.wait_depth(h.names.parked.as_str(), PARKED).await;
+    for i in 0..(delay_router::core::topology::DELIVERY_LIMIT + 5) {
         let rows = delay_router::commands::parked::list(&h.conn, &h.names, None)
             .await
             .unwrap();
-        assert_eq!(rows.len(), 1);
+        assert_eq!(rows.len(), PARKED as usize);
+        // A quorum queue takes a listing's messages back after the channel
+        // closed (a Raft command each); `list` returns once the park counts
+        // them again, so that a replay run next sees them all.
+        assert_eq!(
+            h.depth(h.names.parked.as_str()).await,
+            PARKED,
+            "listing {i}: the park does not count every listed message yet"
+        );
     }
-    // The last listing's return to the queue is asynchronous (a Raft
-    // command): the depth counts only ready messages, so wait for it.
-    h.wait_depth(h.names.parked.as_str(), 1).await;
+    // A replay that matches none returns them all, and the park counts
+    // them again when it returns too.
+    let rules = delay_router::core::decision::Rules::from_config(&h.config);
+    let filter = delay_router::commands::parked::Filter {
+        source_queue: Some("no-such-queue".into()),
+        reason_contains: None,
+        limit: None,
+    };
+    let conn = std::sync::Arc::new(
+        lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+            .await
+            .unwrap(),
+    );
+    let done = delay_router::commands::parked::replay(conn.clone(), &rules, &filter)
+        .await
+        .unwrap();
+    let _ = conn.close(200, "replayed".into()).await;
+    assert_eq!(done.skipped, PARKED as usize);
+    assert_eq!(h.depth(h.names.parked.as_str()).await, PARKED);
     h.cleanup().await;
 }
 

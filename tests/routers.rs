@@ -102,14 +102,17 @@ async fn two_routers_share_a_prefix_and_every_message_arrives() {
 
 #[tokio::test]
 async fn a_router_with_another_ladder_never_deletes_the_running_routers_buckets() {
-    let mut h = Harness::new(&["1s", "2s"], "[topology]\ncheck_interval = \"1s\"").await;
+    // Classic buckets: the janitor deletes only those (a retired quorum
+    // bucket is left for the operator, tests/quorum.rs).
+    const EXTRA: &str = "[topology]\ncheck_interval = \"1s\"\nqueue_type = \"classic\"";
+    let mut h = Harness::new(&["1s", "2s"], EXTRA).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let two = format!("{}.bucket.2s", h.prefix);
     // The second router's ladder has no 2s rung, not even as a multiple
     // or on the grid (cascade adds 3s-7500ms and 750ms, 375ms; a grid only
     // below a rung over 2 s): for it, 2s is retired.
-    let second = Second::start(&h, &["1500ms"], "[topology]\ncheck_interval = \"1s\"");
+    let second = Second::start(&h, &["1500ms"], EXTRA);
     wait_consumers(&h, 2).await;
     // While both run, the first places into 2s now and then, so that the
     // bucket is sometimes empty, for longer than several sweeps of the
@@ -175,6 +178,18 @@ async fn status_lists_each_router_with_its_node_and_the_brokers_version() {
     }
     let text = delay_router::commands::status::render(&config, &status);
     assert!(text.contains("running: 2 router(s) consuming"), "{text}");
+    // The first line names the type the routers declare (learned, under auto).
+    let first = text.lines().next().unwrap();
+    let declared = &status.routers[0].queue_type;
+    assert!(
+        ["classic", "quorum"].contains(&declared.as_str()),
+        "{status:?}"
+    );
+    assert!(
+        first.contains(&format!("queues {}", config.queue_type)),
+        "{first}"
+    );
+    assert!(first.contains(declared.as_str()), "{first}");
     assert!(
         text.contains(&format!("consumes from {}", config.url)),
         "{text}"

@@ -2,7 +2,8 @@
 //! messages back to their destination, or empty it.
 //!
 //! Listing takes messages with `basic.get` without acking them and closes the
-//! channel, which returns them in order. Replay acks a parked message only
+//! channel, which returns them in order (a quorum park counts them again a
+//! moment later; `list` returns once it does). Replay acks a parked message only
 //! after the broker confirmed its republish, so a replay killed at any point
 //! loses nothing (a message in flight at the kill may arrive twice).
 
@@ -20,6 +21,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::warn;
 
 /// One parked message, as `list` shows it.
@@ -94,25 +96,62 @@ pub async fn list(
 ) -> Result<Vec<Row>, BrokerError> {
     let ch = broker::channel(conn).await?;
     let mut rows = Vec::new();
+    // The park's depth when the listing began, as the first get tells it.
+    let mut depth = 0;
     while limit.is_none_or(|l| rows.len() < l) {
-        match get(&ch, names).await? {
-            Some(d) => rows.push(row(&d)),
+        match get_counted(&ch, names).await? {
+            Some((d, left)) => {
+                if rows.is_empty() {
+                    depth = left.saturating_add(1);
+                }
+                rows.push(row(&d));
+            }
             None => break,
         }
     }
     // Closing without acking returns every message to the park, in order.
     close_channel(&ch, "listed").await;
+    if !rows.is_empty() {
+        wait_returned(conn, names, depth).await?;
+    }
     Ok(rows)
 }
 
+/// How long `list` waits for the park to count its messages again.
+pub const RETURN_WAIT: Duration = Duration::from_secs(3);
+
+/// A classic park has the listed messages back when the channel's close is
+/// answered; a quorum park takes them back afterwards (a Raft command each
+/// channel's end sends), and counts them only then. Waits, up to
+/// [`RETURN_WAIT`], until the park's depth is back to what it was, so that a
+/// command run next (a replay, a purge) sees every message. Another
+/// consumer of the park (a replay running meanwhile) can keep it lower: then
+/// the wait ends at its bound, and nothing is lost either way. `replay`
+/// waits so for what it skipped or left.
+async fn wait_returned(conn: &Connection, names: &Names, depth: u32) -> Result<(), BrokerError> {
+    let until = tokio::time::Instant::now() + RETURN_WAIT;
+    loop {
+        let now = probe::depth(conn, &names.parked).await?.unwrap_or(0);
+        if now >= depth || tokio::time::Instant::now() >= until {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn get(ch: &Channel, names: &Names) -> Result<Option<Delivery>, BrokerError> {
+    Ok(get_counted(ch, names).await?.map(|(d, _)| d))
+}
+
+/// A parked message and how many are left in the park behind it.
+async fn get_counted(ch: &Channel, names: &Names) -> Result<Option<(Delivery, u32)>, BrokerError> {
     Ok(timed(
         "basic.get parked",
         RPC_TIMEOUT,
         ch.basic_get(names.parked.clone(), BasicGetOptions { no_ack: false }),
     )
     .await?
-    .map(|m| m.delivery))
+    .map(|m| (m.delivery, m.message_count)))
 }
 
 /// What a replay did.
@@ -205,6 +244,10 @@ pub async fn replay(
     // Skipped and failed ones return to the park when the channel closes.
     close_channel(&get_ch, "replayed").await;
     publisher.close().await;
+    if done.skipped + done.failed > 0 {
+        let left = total.saturating_sub(done.replayed);
+        wait_returned(&conn, names, u32::try_from(left).unwrap_or(u32::MAX)).await?;
+    }
     Ok(done)
 }
 

@@ -6,6 +6,7 @@ use crate::broker::probe::{Prober, QueueInfo};
 use crate::broker::{self, BrokerError, close_connection, server};
 use crate::config::Config;
 use crate::core::decision::Rules;
+use crate::core::topology::QueueTypeSetting;
 use crate::router::presence::{self, Announcement, epoch_ms};
 use lapin::types::ShortString;
 use std::fmt::Write;
@@ -95,7 +96,10 @@ pub fn render(config: &Config, status: &Status) -> String {
     let _ = writeln!(
         s,
         "broker {} ({})  strategy {}  queues {}",
-        status.node, status.broker, config.strategy, config.queue_type
+        status.node,
+        status.broker,
+        config.strategy,
+        queue_type(config.queue_type, &status.routers)
     );
     let _ = writeln!(s, "router {}", router_state(rows));
     let now = epoch_ms();
@@ -126,6 +130,26 @@ pub fn render(config: &Config, status: &Status) -> String {
     s
 }
 
+/// The configured queue type; for `auto`, also the type the running routers
+/// learned from the broker and declare (each announces it).
+fn queue_type(setting: QueueTypeSetting, routers: &[Announcement]) -> String {
+    if setting != QueueTypeSetting::Auto {
+        return setting.to_string();
+    }
+    let mut learned: Vec<&str> = routers
+        .iter()
+        .map(|r| r.queue_type.as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    learned.sort_unstable();
+    learned.dedup();
+    if learned.is_empty() {
+        "auto".to_owned()
+    } else {
+        format!("auto: {} (the running routers')", learned.join(", "))
+    }
+}
+
 /// Whether a router consumes this prefix: the ingress and expired queues' consumers.
 pub fn router_state(rows: &[QueueStatus]) -> String {
     let consumers = |role: &str| {
@@ -138,5 +162,42 @@ pub fn router_state(rows: &[QueueStatus]) -> String {
         (0, 0) => "not running: nothing consumes ingress or expired".to_owned(),
         (i, e) if i == e => format!("running: {i} router(s) consuming"),
         (i, e) => format!("partly running: {i} consumer(s) on ingress, {e} on expired"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::topology::QueueType;
+
+    fn announcing(queue_type: &str) -> Announcement {
+        Announcement {
+            queue_type: queue_type.into(),
+            ..Announcement::default()
+        }
+    }
+
+    #[test]
+    fn auto_shows_what_the_running_routers_declare() {
+        let two = [announcing("quorum"), announcing("quorum")];
+        assert_eq!(
+            queue_type(QueueTypeSetting::Auto, &two),
+            "auto: quorum (the running routers')"
+        );
+        let mixed = [announcing("quorum"), announcing("classic")];
+        assert_eq!(
+            queue_type(QueueTypeSetting::Auto, &mixed),
+            "auto: classic, quorum (the running routers')"
+        );
+        assert_eq!(queue_type(QueueTypeSetting::Auto, &[]), "auto");
+        assert_eq!(
+            queue_type(QueueTypeSetting::Auto, &[announcing("")]),
+            "auto",
+            "an earlier version's announcement names no type"
+        );
+        assert_eq!(
+            queue_type(QueueTypeSetting::Fixed(QueueType::Classic), &two),
+            "classic"
+        );
     }
 }

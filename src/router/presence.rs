@@ -27,7 +27,7 @@ pub const KIND: &str = "x-delay-router-presence";
 pub const LIVE_FOR_INTERVALS: u32 = 3;
 
 /// One router as it announces itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Announcement {
     /// Random per process: tells two routers on one host apart.
     pub instance: String,
