@@ -18,7 +18,8 @@ const DEFAULT_LOG: &str = "info,lapin::channel=off";
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 // One thread: the router is I/O-bound and shares small machines with the
-// broker; lapin runs its own I/O thread beside it.
+// broker. lapin's I/O runs on it too, as a task per connection (the vendored
+// lapin's patch, vendor/lapin/PATCH.md): no hand-offs between threads.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
