@@ -445,9 +445,15 @@ enum Contender {
     Floor,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+/// The median of sorted values: the mean of the middle two of an even count
+/// (before 2026-11-27 this printed the upper one of them).
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
 }
 
 fn main() {
@@ -611,7 +617,7 @@ fn main() {
         for (name, v, unit) in rows {
             println!(
                 "| {name} | {:.*} | {:.*} | {:.*} |",
-                unit, v[0], unit, percentile(v, 0.5), unit, v[v.len() - 1]
+                unit, v[0], unit, median(v), unit, v[v.len() - 1]
             );
         }
     });
