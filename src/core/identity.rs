@@ -46,17 +46,7 @@ pub fn ensure_message_id<'a>(
 /// (README, CPU per message). A message redelivered at ingress across such
 /// an upgrade gets a new id.
 pub fn derive(p: &BasicProperties, exchange: &str, routing_key: &str, body: &[u8]) -> String {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for part in [exchange.as_bytes(), routing_key.as_bytes(), body] {
-        h.update(&(part.len() as u64).to_be_bytes());
-        h.update(part);
-    }
-    // Properties the encoder refuses cannot have come off the wire; hash
-    // their debug form rather than fail.
-    let props = wire::encode_properties(p).unwrap_or_else(|| format!("{p:?}").into_bytes());
-    h.update(&(props.len() as u64).to_be_bytes());
-    h.update(&props);
-    let digest = h.digest128().to_be_bytes();
+    let digest = content_hash(p, exchange, routing_key, body, ONE_SHOT_UP_TO).to_be_bytes();
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = String::with_capacity(PREFIX.len() + 32);
     id.push_str(PREFIX);
@@ -65,6 +55,51 @@ pub fn derive(p: &BasicProperties, exchange: &str, routing_key: &str, body: &[u8
         id.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     id
+}
+
+/// Up to this many bytes of content are hashed in one call from one buffer:
+/// XXH3's streaming state cost more than copying a typical message once.
+/// Larger messages are streamed (the same hash: XXH3 does not depend on
+/// how its input is split).
+const ONE_SHOT_UP_TO: usize = 16 * 1024;
+
+/// XXH3-128 of the exchange, routing key and body, each after its length
+/// (8 bytes, big-endian), then of the encoded properties after theirs.
+fn content_hash(
+    p: &BasicProperties,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    one_shot_up_to: usize,
+) -> u128 {
+    let parts = [exchange.as_bytes(), routing_key.as_bytes(), body];
+    let props_len = wire::encoded_len(p);
+    if let Some(props_len) = props_len {
+        let total = parts.iter().map(|part| 8 + part.len()).sum::<usize>() + 8 + props_len;
+        if total <= one_shot_up_to {
+            let mut buf = Vec::with_capacity(total);
+            for part in parts {
+                buf.extend_from_slice(&(part.len() as u64).to_be_bytes());
+                buf.extend_from_slice(part);
+            }
+            buf.extend_from_slice(&(props_len as u64).to_be_bytes());
+            wire::write_properties(p, &mut buf);
+            return xxhash_rust::xxh3::xxh3_128(&buf);
+        }
+    }
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in parts {
+        h.update(&(part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    // Properties the encoder refuses cannot have come off the wire; hash
+    // their debug form rather than fail.
+    let props = props_len
+        .and_then(|_| wire::encode_properties(p))
+        .unwrap_or_else(|| format!("{p:?}").into_bytes());
+    h.update(&(props.len() as u64).to_be_bytes());
+    h.update(&props);
+    h.digest128()
 }
 
 #[cfg(test)]
@@ -133,7 +168,27 @@ mod tests {
         assert_eq!(derive(&props(5), "orders", "created", b"body"), GOLDEN);
     }
 
+    #[test]
+    fn a_message_larger_than_one_buffer_is_hashed_the_same_way() {
+        let body = vec![7u8; 3 * ONE_SHOT_UP_TO];
+        let streamed = content_hash(&props(5), "orders", "created", &body, 0);
+        let one_shot = content_hash(&props(5), "orders", "created", &body, usize::MAX);
+        assert_eq!(streamed, one_shot);
+        assert_eq!(
+            derive(&props(5), "orders", "created", &body),
+            format!("{PREFIX}{streamed:032x}")
+        );
+    }
+
     proptest! {
+        #[test]
+        fn one_buffer_and_a_stream_give_the_same_hash(p in crate::testkit::arbitrary::properties(), ex in ".{0,20}", rk in ".{0,20}", body in prop::collection::vec(any::<u8>(), 0..600)) {
+            prop_assert_eq!(
+                content_hash(&p, &ex, &rk, &body, 0),
+                content_hash(&p, &ex, &rk, &body, usize::MAX)
+            );
+        }
+
         #[test]
         fn ids_are_stable_and_well_formed(ex in ".{0,20}", rk in ".{0,20}", body in prop::collection::vec(any::<u8>(), 0..200), d in any::<i32>()) {
             let a = derive(&props(d), &ex, &rk, &body);
