@@ -2,8 +2,11 @@
 
 use super::{BrokerError, CONNECT_TIMEOUT, RPC_TIMEOUT, timed};
 use crate::config::{AmqpUrl, CaFile, redact_text};
-use lapin::tcp::OwnedTLSConfig;
+use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream, OwnedTLSConfig};
+use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Opens a connection named `name` (shown by `rabbitmqctl list_connections`).
 pub async fn connect(
@@ -11,6 +14,17 @@ pub async fn connect(
     ca_file: Option<&CaFile>,
     name: &str,
 ) -> Result<Connection, BrokerError> {
+    Ok(open(url, ca_file, name).await?.0)
+}
+
+/// Opens a connection and, when it is plain TCP, keeps a duplicate of its
+/// socket's descriptor (closed when dropped): the publish connection's
+/// [`Pacer`](crate::router::pacer::Pacer) tunes it.
+async fn open(
+    url: &AmqpUrl,
+    ca_file: Option<&CaFile>,
+    name: &str,
+) -> Result<(Connection, Option<OwnedFd>), BrokerError> {
     let props = ConnectionProperties::default().with_connection_name(name.into());
     let tls = OwnedTLSConfig {
         identity: None,
@@ -21,9 +35,36 @@ pub async fn connect(
         message,
     };
     let runtime = lapin::runtime::default_runtime().map_err(|e| failed(e.to_string()))?;
-    let connecting = Connection::connect_with_config(url.expose(), props, tls, runtime);
+    let uri: AMQPUri = url
+        .expose()
+        .parse()
+        .map_err(|e: String| failed(redact_text(&e)))?;
+    let socket = Arc::new(Mutex::new(None));
+    let kept = socket.clone();
+    // What lapin's own `connect_with_config` does, keeping the socket.
+    let connecting = Connection::connector(
+        uri,
+        runtime,
+        move |uri: AMQPUri, runtime| {
+            let (tls, kept) = (tls.clone(), kept.clone());
+            async move {
+                let stream = uri
+                    .connect_with_config_async(tls.as_ref(), &runtime)
+                    .await?;
+                if let AsyncTcpStream::Plain(plain) = &stream {
+                    let fd = plain.get_ref().as_fd().try_clone_to_owned().ok();
+                    *kept.lock().unwrap_or_else(PoisonError::into_inner) = fd;
+                }
+                Ok(stream)
+            }
+        },
+        props,
+    );
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
-        Ok(Ok(c)) => Ok(c),
+        Ok(Ok(c)) => {
+            let fd = socket.lock().unwrap_or_else(PoisonError::into_inner).take();
+            Ok((c, fd))
+        }
         Ok(Err(e)) => Err(failed(redact_text(&e.to_string()))),
         Err(_) => Err(failed(format!("no answer within {CONNECT_TIMEOUT:?}"))),
     }
@@ -38,14 +79,27 @@ pub async fn connect_any(
     ca_file: Option<&CaFile>,
     name: &str,
 ) -> Result<(Connection, usize), BrokerError> {
+    let (conn, used, _) = connect_any_with_socket(urls, first, ca_file, name).await?;
+    Ok((conn, used))
+}
+
+/// [`connect_any`], with a duplicate of the socket's descriptor when the
+/// connection is plain TCP.
+pub async fn connect_any_with_socket(
+    urls: &[AmqpUrl],
+    first: usize,
+    ca_file: Option<&CaFile>,
+    name: &str,
+) -> Result<(Connection, usize, Option<OwnedFd>), BrokerError> {
     if let [only] = urls {
-        return Ok((connect(only, ca_file, name).await?, 0));
+        let (conn, fd) = open(only, ca_file, name).await?;
+        return Ok((conn, 0, fd));
     }
     let mut failures = Vec::new();
     for k in 0..urls.len() {
         let i = (first + k) % urls.len();
-        match connect(&urls[i], ca_file, name).await {
-            Ok(conn) => return Ok((conn, i)),
+        match open(&urls[i], ca_file, name).await {
+            Ok((conn, fd)) => return Ok((conn, i, fd)),
             Err(e) => failures.push(e.to_string()),
         }
     }

@@ -16,7 +16,9 @@ use lapin::protocol::AMQPErrorKind;
 use std::future::Future;
 use std::time::Duration;
 
-pub use connect::{channel, close_channel, close_connection, connect, connect_any};
+pub use connect::{
+    channel, close_channel, close_connection, connect, connect_any, connect_any_with_socket,
+};
 
 /// Longest wait for a connection to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

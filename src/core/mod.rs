@@ -13,6 +13,7 @@ pub mod glob;
 pub mod identity;
 pub mod inflight;
 pub mod ladder;
+pub mod pacing;
 pub mod parking;
 pub mod placement;
 pub mod reasons;

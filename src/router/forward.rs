@@ -16,11 +16,13 @@
 use super::SessionError;
 use super::destinations::Destinations;
 use super::gate::{DueFirst, PublishGate};
+use super::pacer::Pacer;
 use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::BrokerError;
 use crate::broker::publish::{Message, Outcome, Publisher};
 use crate::core::decision::{Action, Plan, Rules, Source};
+use crate::core::pacing::LAZY_WINDOW;
 use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
 use lapin::Connection;
@@ -81,6 +83,8 @@ pub struct Forwarder {
     pub abandoned: CancellationToken,
     /// Deliveries held now (see [`Forwarder::hold`]).
     pub holding: AtomicUsize,
+    /// Lazy confirms on the publish connection.
+    pub pacer: Arc<Pacer>,
 }
 
 impl Forwarder {
@@ -167,16 +171,27 @@ impl Forwarder {
             if self.abandoned.is_cancelled() {
                 return Err(SessionError::Abandoned);
             }
+            // The careful lane awaits each answer before its next publish,
+            // and a small window waits on every ack: their confirms must not
+            // wait.
+            let urgent = careful || self.gate.limit() < LAZY_WINDOW;
+            let ticket = self.pacer.sent(urgent);
             let sent = std::time::Instant::now();
             let outcome = lane.publish(message).await?;
             let took = sent.elapsed();
-            self.stats.record_confirm(took);
-            if matches!(
-                outcome,
-                Outcome::Confirmed | Outcome::Returned | Outcome::Nacked
-            ) {
-                entry.answered(took);
+            // A confirm read late says nothing of the broker's latency.
+            if ticket.late {
+                self.stats.record_lazy_confirm();
+            } else {
+                self.stats.record_confirm(took);
+                if matches!(
+                    outcome,
+                    Outcome::Confirmed | Outcome::Returned | Outcome::Nacked
+                ) {
+                    entry.answered(took);
+                }
             }
+            drop(ticket);
             drop(entry);
             drop(turn);
             let action = &pending.plan.action;

@@ -11,6 +11,8 @@
 //!   message, refused one).
 //! - [`presence`]: the routers of one prefix announce themselves and know of
 //!   each other.
+//! - [`pacer`]: lazy confirms: the publish connection's socket wakes the
+//!   router for a confirm only when it must ([`crate::core::pacing`]).
 //! - [`settle`]: acks source deliveries in bulk once their replacements are confirmed.
 //! - [`prefetch`]: the prefetch window, sized to a byte budget.
 //! - [`tombstones`]: cancelled message-ids, read from the cancels stream.
@@ -25,6 +27,7 @@ pub mod forward;
 pub mod gate;
 pub mod health;
 pub mod janitor;
+pub mod pacer;
 pub mod pipeline;
 pub mod prefetch;
 pub mod presence;

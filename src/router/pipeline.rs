@@ -8,6 +8,7 @@ use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
 use super::gate::{DueFirst, PublishGate};
 use super::health::Health;
+use super::pacer::Pacer;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
 use super::stats::Stats;
@@ -43,6 +44,8 @@ pub struct Pipeline {
     pub inflight_bytes: u64,
     /// The due lane before the expired queue (shared by the session's pipelines).
     pub due_first: Arc<DueFirst>,
+    /// Lazy confirms on the publish connection (shared by the session's pipelines).
+    pub pacer: Arc<Pacer>,
 }
 
 impl Pipeline {
@@ -96,6 +99,7 @@ impl Pipeline {
             due_first: self.due_first.clone(),
             abandoned: abandoned.clone(),
             holding: Default::default(),
+            pacer: self.pacer.clone(),
         });
         let outcome = loop {
             tokio::select! {

@@ -4,6 +4,7 @@
 //! janitor and the drift watch beside them, and close. The first fault of any
 //! task ends the session.
 
+use super::pacer::Pacer;
 use super::pipeline::Pipeline;
 use super::presence::{self, Announcement};
 use super::{SessionError, Shared, drift, janitor, tombstones};
@@ -68,13 +69,14 @@ pub async fn run(
     let conn = Arc::new(conn);
     // Publishing on the same node first: one node's fault then costs one
     // reconnect, not two.
-    let publish_conn = match broker::connect_any(urls, used, ca, &name("publish")).await {
-        Ok((c, _)) => Arc::new(c),
-        Err(e) => {
-            close_connection(&conn, "bye").await;
-            return Err(e.into());
-        }
-    };
+    let (publish_conn, pacer) =
+        match broker::connect_any_with_socket(urls, used, ca, &name("publish")).await {
+            Ok((c, _, socket)) => (Arc::new(c), Arc::new(Pacer::new(socket))),
+            Err(e) => {
+                close_connection(&conn, "bye").await;
+                return Err(e.into());
+            }
+        };
     let (server, version) = match broker::server::server_info(&urls[used], ca).await {
         Ok(info) => (info.to_string(), info.major_minor()),
         Err(e) => (format!("unknown ({e})"), None),
@@ -130,6 +132,10 @@ pub async fn run(
             async move { presence::run(&conn, &names, &me, &shared.peers, every, halt).await }
                 .instrument(info_span!("presence")),
         )
+    };
+    let pacing = {
+        let (pacer, halt) = (pacer.clone(), halt.clone());
+        tokio::spawn(async move { pacer.run(halt).await }.instrument(info_span!("pacer")))
     };
     let janitor = {
         let (conn, topology, halt) = (conn.clone(), topology.clone(), halt.clone());
@@ -209,6 +215,7 @@ pub async fn run(
                     prefetch: config.prefetch,
                     inflight_bytes: config.inflight_bytes,
                     due_first: due_first.clone(),
+                    pacer: pacer.clone(),
                 };
                 let stop = stop.clone();
                 pipelines.push(tokio::spawn(
@@ -234,6 +241,7 @@ pub async fn run(
     let _ = tokio::time::timeout(RPC_TIMEOUT, watcher).await;
     let _ = tokio::time::timeout(RPC_TIMEOUT, announcer).await;
     let _ = tokio::time::timeout(RPC_TIMEOUT, follower).await;
+    let _ = pacing.await;
     close_connection(&conn, "delay-router stopping").await;
     close_connection(&publish_conn, "delay-router stopping").await;
     match fault.take() {
