@@ -8,6 +8,11 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// The stream lapin's default (tokio) runtime connects with. Named so that
+/// its socket can be reached, under lapin's `AsyncFn` connector as well as
+/// under the patched one (the fuzz crate builds with upstream lapin).
+type PlainStream = async_compat::Compat<tokio::net::TcpStream>;
+
 /// Opens a connection named `name` (shown by `rabbitmqctl list_connections`).
 pub async fn connect(
     url: &AmqpUrl,
@@ -48,7 +53,7 @@ async fn open(
         move |uri: AMQPUri, runtime| {
             let (tls, kept) = (tls.clone(), kept.clone());
             async move {
-                let stream = uri
+                let stream: AsyncTcpStream<PlainStream> = uri
                     .connect_with_config_async(tls.as_ref(), &runtime)
                     .await?;
                 if let AsyncTcpStream::Plain(plain) = &stream {
