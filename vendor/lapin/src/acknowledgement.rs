@@ -7,7 +7,8 @@ use crate::{
     shared::SharedMutex,
     types::DeliveryTag,
 };
-use std::{collections::HashMap, fmt, sync::MutexGuard};
+use crate::id_map::HashMap;
+use std::{fmt, sync::MutexGuard};
 use tracing::trace;
 
 #[derive(Clone)]

@@ -5,6 +5,7 @@ use crate::{
     connection_closer::ConnectionCloser,
     events::{Events, EventsSender},
     frames::Frames,
+    id_map::HashMap,
     id_sequence::IdSequence,
     internal_rpc::InternalRPCHandle,
     killswitch::KillSwitch,
@@ -14,7 +15,6 @@ use crate::{
 };
 use amq_protocol::frame::{AMQPFrame, ProtocolVersion};
 use std::{
-    collections::HashMap,
     fmt,
     sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };

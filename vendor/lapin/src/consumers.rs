@@ -5,9 +5,9 @@ use crate::{
     shared::SharedRwLock,
     types::{PayloadSize, ShortString},
 };
+use crate::id_map::HashMap;
 use std::{
     borrow::Borrow,
-    collections::HashMap,
     fmt,
     hash::Hash,
     sync::{RwLockReadGuard, RwLockWriteGuard},

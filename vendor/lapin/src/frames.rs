@@ -2,6 +2,7 @@ use crate::{
     Connection, Error, PromiseResolver,
     channel::Reply,
     connection_step::ConnectionStep,
+    id_map::HashMap,
     internal_rpc::InternalRPCHandle,
     promise::Cancelable,
     types::{ChannelId, FrameSize},
@@ -11,7 +12,7 @@ use amq_protocol::{
     protocol::{AMQPClass, basic::AMQPMethod},
 };
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::VecDeque,
     fmt,
     ops::Deref,
     sync::{Arc, Mutex, MutexGuard},

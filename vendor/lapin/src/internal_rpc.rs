@@ -16,7 +16,8 @@ use crate::{
 use amq_protocol::frame::AMQPFrame;
 use async_rs::{Runtime, traits::*};
 use flume::{Receiver, Sender};
-use std::{collections::HashMap, fmt, future::Future, sync::Arc, time::Duration};
+use crate::id_map::HashMap;
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 use tracing::{debug, trace};
 
 pub(crate) struct InternalRPC<RK: RuntimeKit + Clone + Send + 'static> {

@@ -593,7 +593,10 @@ impl<
     }
 
     fn serialize(&mut self, connection_killswitch: &KillSwitch) -> Result<()> {
-        while let Some(next_msg) = self.frames.pop(self.channels.flow()) {
+        // delay-router's patch: whether every channel may publish, read once
+        // per batch (it changes only in `handle_frames`, on this task).
+        let flow = self.channels.flow();
+        while let Some(next_msg) = self.frames.pop(flow) {
             trace!(%next_msg, "will write to buffer");
             let checkpoint = self.send_buffer.checkpoint();
             let res = gen_frame(&next_msg)((&mut self.send_buffer).into());

@@ -203,6 +203,7 @@ mod exchange;
 mod frames;
 mod future;
 mod heartbeat;
+mod id_map;
 mod id_sequence;
 mod internal_rpc;
 mod io_loop;
