@@ -28,9 +28,14 @@
 //!    BENCH_FLOOR=0 leaves it out.
 //! 4. **What a thread hand-off costs here**, when perf is installed:
 //!    `perf bench sched pipe -T` (two threads passing a byte back and forth).
+//! 5. **Idle** (BENCH_IDLE_ONLY=1, nothing else): the router on the shipped
+//!    `buckets.toml`'s ladder, no traffic, BENCH_SECS seconds after a 10 s
+//!    start: its CPU and context switches a second, and the broker's CPU a
+//!    second with the router against as long without it (the topology
+//!    check every `check_interval` is nearly all of it).
 //!
 //! `cargo bench --bench profile` (env: BENCH_SMALL=2000 BENCH_LARGE=12000
-//! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them;
+//! BENCH_RATE=100 BENCH_SECS=30; BENCH_KEEP=1 keeps the callgrind files; BENCH_LOW_RATE_ONLY=1 skips them; BENCH_IDLE_ONLY=1 measures idle alone;
 //! BENCH_BIN=/path/to/delay-router measures another build; with BENCH_WAY=delivery,
 //! BENCH_TRANSIT_FORMAT=spelled-out for a build before the compact transit record).
 
@@ -449,6 +454,53 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     }
 }
 
+/// The router idle on the shipped ladder for `secs` seconds: its CPU and
+/// context switches a second, and what it costs the broker a second (the
+/// broker's CPU with the router, less its CPU over as long without it).
+async fn idle(conn: &Connection, ch: &Channel, secs: u64, bin: &Path) {
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml"))
+        .expect("buckets.toml");
+    // The shipped rungs only: the rest of the file names the shipped prefix.
+    let ladder: String = shipped
+        .lines()
+        .filter(|l| l.starts_with("[[bucket]]") || l.starts_with("ttl"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let beam = procfs::broker_pid();
+    let span = Duration::from_secs(secs);
+    let (without_before, _) = procfs::cpu_and_rss(beam);
+    tokio::time::sleep(span).await;
+    let (without_after, _) = procfs::cpu_and_rss(beam);
+    let s = setup(conn, &ladder).await;
+    let child = Command::new(bin)
+        .args(["run", "--config"])
+        .arg(&s.config)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("router binary");
+    let pid = child.id();
+    let stop = Stop(Some(child));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (cpu_before, _) = procfs::cpu_and_rss(pid);
+    let switches_before = procfs::context_switches(pid);
+    let (beam_before, _) = procfs::cpu_and_rss(beam);
+    tokio::time::sleep(span).await;
+    let (cpu_after, rss) = procfs::cpu_and_rss(pid);
+    let switches = procfs::context_switches(pid).saturating_sub(switches_before);
+    let (beam_after, _) = procfs::cpu_and_rss(beam);
+    stop.interrupt().await;
+    teardown(ch, s).await;
+    let per_s = |us: u64| us as f64 / 1000.0 / secs as f64;
+    let broker_with = per_s(beam_after - beam_before);
+    let broker_without = per_s(without_after - without_before);
+    println!(
+        "idle for {secs} s on the shipped ladder: router CPU {:.2} ms a second, {:.1} context switches a second, peak RSS {rss} KiB; broker CPU {broker_with:.2} ms a second with it, {broker_without:.2} without: {:.2} for the router",
+        per_s(cpu_after - cpu_before),
+        switches as f64 / secs as f64,
+        broker_with - broker_without
+    );
+}
+
 /// What a round trip between two threads costs on this machine (two
 /// wake-ups, two context switches), from `perf bench sched pipe -T`, if perf
 /// is installed: what each of the low rate's hand-offs costs.
@@ -522,6 +574,10 @@ fn main() {
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();
+        if std::env::var_os("BENCH_IDLE_ONLY").is_some() {
+            idle(&conn, &ch, secs, &bin).await;
+            return;
+        }
         if std::env::var_os("BENCH_LOW_RATE_ONLY").is_none() {
             let way = match std::env::var("BENCH_WAY").as_deref() {
                 Ok("delivery") => Way::Delivery,

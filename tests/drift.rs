@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use lapin::options::ExchangeDeleteOptions;
 use lapin::types::AMQPValue;
+use lapin::types::FieldTable;
 use std::time::{Duration, Instant};
 
 const EXTRA: &str =
@@ -108,6 +109,48 @@ async fn drift_is_reported_at_start() {
     )
     .await;
     h.receive(&q, 1, Duration::from_secs(10)).await;
+    router.kill_9();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&log);
+    h.cleanup().await;
+}
+
+/// A binding removed while the router runs is made again by the next check
+/// though every exchange and queue is still there (the checks that declare
+/// nothing else but the bindings: the whole topology is declared again only
+/// every twelfth check, 6 s at this interval).
+#[tokio::test]
+async fn a_removed_binding_is_made_again() {
+    let mut h = Harness::new(&["1s"], EXTRA).await;
+    let path = write_config(&h.prefix, &["1s"], EXTRA);
+    let log = std::env::temp_dir().join(format!("{}.log", h.prefix));
+    let mut router = spawn_binary(&path, &log);
+    h.wait_consumers().await;
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.queue_unbind(
+        h.names.ingress.clone(),
+        h.names.router_exchange.clone(),
+        "".into(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let _ = ch.close(200, "ok".into()).await;
+    // Three checks at 500 ms, none of them the twelfth.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let q = h.queue("dest").await;
+    for i in 0..5 {
+        h.publish(
+            "k",
+            to_queue(&q, AMQPValue::LongInt(100)).with_message_id(i.to_string().into()),
+            b"d",
+        )
+        .await;
+    }
+    // Unbound, the router exchange would have dropped them.
+    h.receive(&q, 5, Duration::from_secs(10)).await;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("topology check failed"), "{text}");
     router.kill_9();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&log);

@@ -64,39 +64,7 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
         }
         let (cancels, args) = &t.cancels;
         queue(&ch, cancels, args.clone()).await?;
-        bind(&ch, &names.ingress, &names.router_exchange, none()).await?;
-        bind(&ch, &names.expired, &names.lanes_later, none()).await?;
-        bind(&ch, &names.due, &names.lanes, due_binding()).await?;
-        timed(
-            &format!(
-                "exchange.bind {} to {}",
-                names.lanes, names.expired_exchange
-            ),
-            RPC_TIMEOUT,
-            ch.exchange_bind(
-                names.lanes.clone(),
-                names.expired_exchange.clone(),
-                "".into(),
-                ExchangeBindOptions::default(),
-                none(),
-            ),
-        )
-        .await?;
-        // Before the lanes: the expired queue straight on the exchange.
-        timed(
-            &format!(
-                "queue.unbind {} from {}",
-                names.expired, names.expired_exchange
-            ),
-            RPC_TIMEOUT,
-            ch.queue_unbind(
-                names.expired.clone(),
-                names.expired_exchange.clone(),
-                "".into(),
-                none(),
-            ),
-        )
-        .await?;
+        bindings(&ch, names).await?;
         for (q, args) in &t.buckets {
             if declare_or_keep(conn, &mut ch, q, args, &[]).await?.0 {
                 unversioned.push(q.clone());
@@ -107,6 +75,57 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
     .await;
     close_channel(&ch, "declared").await;
     declared
+}
+
+/// Re-asserts the bindings of `t` on a channel of its own, declaring
+/// nothing else: what the drift check does when its passive survey found
+/// every exchange and queue in place (bindings cannot be checked passively;
+/// binding is idempotent).
+pub async fn rebind(conn: &Connection, t: &Topology) -> Result<(), BrokerError> {
+    let ch = channel(conn).await?;
+    let bound = bindings(&ch, &t.names).await;
+    close_channel(&ch, "rebound").await;
+    bound
+}
+
+/// The bindings between the router's exchanges and queues, and the removal
+/// of the binding that versions before the lanes made.
+async fn bindings(ch: &Channel, names: &Names) -> Result<(), BrokerError> {
+    let none = FieldTable::default;
+    bind(ch, &names.ingress, &names.router_exchange, none()).await?;
+    bind(ch, &names.expired, &names.lanes_later, none()).await?;
+    bind(ch, &names.due, &names.lanes, due_binding()).await?;
+    timed(
+        &format!(
+            "exchange.bind {} to {}",
+            names.lanes, names.expired_exchange
+        ),
+        RPC_TIMEOUT,
+        ch.exchange_bind(
+            names.lanes.clone(),
+            names.expired_exchange.clone(),
+            "".into(),
+            ExchangeBindOptions::default(),
+            none(),
+        ),
+    )
+    .await?;
+    // Before the lanes: the expired queue straight on the exchange.
+    timed(
+        &format!(
+            "queue.unbind {} from {}",
+            names.expired, names.expired_exchange
+        ),
+        RPC_TIMEOUT,
+        ch.queue_unbind(
+            names.expired.clone(),
+            names.expired_exchange.clone(),
+            "".into(),
+            none(),
+        ),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The type of an existing prefix's queues, read off its ingress queue;

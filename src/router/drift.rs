@@ -6,7 +6,13 @@
 //! is missing by declaring it again, logging each repair at ERROR.
 //!
 //! Bindings cannot be checked passively; they are re-asserted at every check
-//! (binding is idempotent).
+//! (binding is idempotent). Arguments cannot be checked passively either: a
+//! queue deleted and declared again with other arguments between two checks
+//! passes the survey. So when the survey finds everything, a check binds
+//! again and declares nothing else, and every [`FULL_EVERY`]th check declares
+//! the whole topology again (which refuses, loudly, a queue whose arguments
+//! differ). A check that declared everything every time cost an idle router
+//! about twice the round trips (README, Performance).
 
 use super::stats::Stats;
 use crate::broker::probe::Prober;
@@ -79,14 +85,26 @@ fn record_depth(stats: &Stats, names: &Names, queue: &ShortString, messages: u32
     stats.set_queue_depth(queue.as_str(), role, messages);
 }
 
-/// One check: repairs what is missing (and re-asserts the bindings); returns
-/// what was missing.
+/// Every how many checks the whole topology is declared again though the
+/// survey found every exchange and queue (once a minute at the default
+/// `check_interval` of 5 s): what finds a queue re-created with other
+/// arguments.
+pub const FULL_EVERY: u32 = 12;
+
+/// One check: repairs what is missing and re-asserts the bindings; with
+/// `full`, declares the whole topology again even if nothing is missing.
+/// Returns what was missing.
 pub async fn check(
     conn: &Connection,
     t: &Topology,
     stats: Option<&Stats>,
+    full: bool,
 ) -> Result<Vec<String>, BrokerError> {
     let gone = survey(conn, t, stats).await?;
+    if gone.is_empty() && !full {
+        declare::rebind(conn, t).await?;
+        return Ok(gone);
+    }
     if !gone.is_empty() {
         error!(
             missing = %gone.join(", "),
@@ -103,7 +121,7 @@ pub async fn check(
 }
 
 /// Checks every `every` until `halt`, recording the depths in `stats`
-/// (the first right away).
+/// (the first right away, declaring everything, as every [`FULL_EVERY`]th).
 pub async fn watch(
     conn: &Connection,
     t: &Topology,
@@ -112,6 +130,7 @@ pub async fn watch(
     halt: CancellationToken,
 ) {
     let mut first = true;
+    let mut round: u32 = 0;
     loop {
         if !first {
             tokio::select! {
@@ -120,7 +139,9 @@ pub async fn watch(
             }
         }
         first = false;
-        if let Err(e) = check(conn, t, Some(stats)).await {
+        let full = round % FULL_EVERY == 0;
+        round = round.wrapping_add(1);
+        if let Err(e) = check(conn, t, Some(stats), full).await {
             warn!(error = %e, "topology check failed; trying again at the next check");
         }
     }
