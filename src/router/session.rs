@@ -13,8 +13,10 @@ use crate::config::Config;
 use crate::core::compat::{self, Verdict};
 use crate::core::decision::{Rules, Source};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 /// A fault raised by any task of a session; the first one wins and ends it.
 #[derive(Clone, Default)]
@@ -237,18 +239,44 @@ pub async fn run(
     }
     halt.cancel();
     shared.stats.set_node(None);
-    let _ = tokio::time::timeout(RPC_TIMEOUT, janitor).await;
-    let _ = tokio::time::timeout(RPC_TIMEOUT, watcher).await;
-    let _ = tokio::time::timeout(RPC_TIMEOUT, announcer).await;
-    let _ = tokio::time::timeout(RPC_TIMEOUT, follower).await;
+    let ending = Instant::now();
+    let side = [
+        ("janitor", janitor),
+        ("topology", watcher),
+        ("presence", announcer),
+        ("cancels", follower),
+    ];
+    wind_down(side, RPC_TIMEOUT).await;
     let _ = pacing.await;
     close_connection(&conn, "delay-router stopping").await;
     close_connection(&publish_conn, "delay-router stopping").await;
+    debug!(
+        took_ms = ending.elapsed().as_millis() as u64,
+        "session's side tasks stopped and connections closed"
+    );
     match fault.take() {
         Some(e) => Err(e),
         None => {
             info!("stopped cleanly");
             Ok(())
+        }
+    }
+}
+
+/// Waits for a session's side tasks (told to halt) under one deadline for
+/// all of them, so a session ends at most `within` after its pipelines, not
+/// a deadline per task; a task still running then is aborted, not left to
+/// linger into the next session, and named in a warning.
+async fn wind_down<const N: usize>(tasks: [(&str, JoinHandle<()>); N], within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    for (name, mut task) in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            task.abort();
+            warn!(
+                task = name,
+                within_ms = within.as_millis() as u64,
+                "a session task did not stop in time; aborted"
+            );
         }
     }
 }
@@ -269,4 +297,41 @@ async fn prepare(
     }
     broker::declare::warn_unversioned(&broker::declare::declare(conn, topology).await?);
     Ok(janitor::record(conn, topology).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[tokio::test]
+    async fn wind_down_shares_one_deadline_and_aborts_what_overruns() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let quick = {
+            let finished = finished.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                finished.store(true, Ordering::SeqCst);
+            })
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        // Never ends by itself; dropping `tx` inside it tells us it was aborted.
+        let stuck = tokio::spawn(async move {
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        });
+        let stuck_too = tokio::spawn(std::future::pending::<()>());
+        let started = Instant::now();
+        wind_down(
+            [("quick", quick), ("stuck", stuck), ("stuck too", stuck_too)],
+            Duration::from_millis(300),
+        )
+        .await;
+        let took = started.elapsed();
+        assert!(finished.load(Ordering::SeqCst));
+        // One deadline for all: two stuck tasks cost 300 ms, not 600.
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_millis(550), "{took:?}");
+        assert!(rx.await.is_err(), "the stuck task was aborted");
+    }
 }
