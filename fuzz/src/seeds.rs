@@ -374,6 +374,26 @@ pub fn headers() -> Vec<(String, Vec<u8>)> {
             ..rk("k")
         }),
     );
+    // The most hops the headers can say, and a deadline so far off the
+    // message goes to a bucket again: one more hop must not overflow (found
+    // by the fuzzer in CI, 2026-11-28).
+    add(
+        "in-transit-hops-max",
+        table(&[
+            ("x-delay-router-exchange", s("orders")),
+            ("x-delay-router-routing-key", s("eu")),
+            ("x-delay-router-deadline", AMQPValue::LongLongInt(i64::MAX)),
+            ("x-delay-router-hops", AMQPValue::LongLongInt(i64::MAX)),
+            (
+                "x-death",
+                array(vec![death("expired", s("fz.bucket.5s"), 1)]),
+            ),
+        ]),
+        Some(Trailer {
+            later_ms: 3_400,
+            ..rk("k")
+        }),
+    );
     add(
         "spoofed-compact",
         table(&[

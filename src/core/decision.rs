@@ -340,7 +340,7 @@ impl Rules {
             destination: transit.destination.clone(),
             after,
             due_ms: transit.deadline_ms,
-            hops: u32::try_from(transit.hops).unwrap_or(0),
+            hops: u32::try_from(transit.hops.max(0)).unwrap_or(u32::MAX),
         };
         match placement::place_or_hold(self.strategy, &self.ladder, remaining, hold_up_to) {
             None => deliver(Duration::ZERO),
@@ -350,7 +350,8 @@ impl Rules {
                 expiration,
                 priority,
             }) => {
-                transit.hops += 1;
+                // The hops come from headers a sender could have written.
+                transit.hops = transit.hops.saturating_add(1);
                 let queue = self.bucket_queues[rung].clone();
                 let rung = &self.ladder.rungs()[rung];
                 debug_assert_eq!(queue, self.names.bucket(self.strategy, rung));

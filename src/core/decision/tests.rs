@@ -259,6 +259,33 @@ fn expired_without_transit_headers_is_parked() {
     ));
 }
 
+/// Transit headers are text anyone could have written: the most hops they
+/// can say, on a deadline far off, go round again (hops saturated), and the
+/// same on a deadline past deliver with hops clamped, never overflowing
+/// (the fuzzer found the overflow, fuzz/seeds/headers/in-transit-hops-max).
+#[test]
+fn the_most_hops_the_headers_can_say_do_not_overflow() {
+    use crate::core::contract::{
+        TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HOPS, TRANSIT_ROUTING_KEY,
+    };
+    let transit = |deadline: i64| {
+        props(&[
+            (TRANSIT_EXCHANGE, s("orders")),
+            (TRANSIT_ROUTING_KEY, s("eu")),
+            (TRANSIT_DEADLINE, AMQPValue::LongLongInt(deadline)),
+            (TRANSIT_HOPS, AMQPValue::LongLongInt(i64::MAX)),
+        ])
+    };
+    let Action::Wait { properties, .. } = rules().on_expired(&transit(i64::MAX), NOW) else {
+        panic!("expected a bucket")
+    };
+    assert_eq!(read_transit(&properties).unwrap().hops, i64::MAX);
+    let Action::Deliver { hops, .. } = rules().on_expired(&transit(NOW), NOW) else {
+        panic!("expected a delivery")
+    };
+    assert_eq!(hops, u32::MAX);
+}
+
 /// Under cascade a message waits in the due lane exactly when it will have
 /// less than `due_within` left once its bucket expires it, and a later hop
 /// out of the due lane drops the lane header again when it has more.
