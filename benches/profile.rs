@@ -28,6 +28,11 @@
 //!    BENCH_FLOOR=0 leaves it out.
 //! 4. **What a thread hand-off costs here**, when perf is installed:
 //!    `perf bench sched pipe -T` (two threads passing a byte back and forth).
+//!    And what a bare wake-up costs: a thread that does nothing but sleep
+//!    and wake as often as the low rate's events come, its own CPU per wake
+//!    (exact, from `/proc/thread-self/schedstat`; and as the router is
+//!    measured, utime + stime) — what any process pays per event on this
+//!    machine before it does any work.
 //! 5. **Idle** (BENCH_IDLE_ONLY=1, nothing else): the router on the shipped
 //!    `buckets.toml`'s ladder, no traffic, BENCH_SECS seconds after a 10 s
 //!    start: its CPU and context switches a second, and the broker's CPU a
@@ -518,6 +523,43 @@ fn handoff_us() -> Option<f64> {
         .ok()
 }
 
+/// A thread that only sleeps and wakes `per_s` times a second for `secs`
+/// seconds: its CPU per wake in µs, exactly (schedstat's run time) and as
+/// utime + stime (in ticks, as the router's CPU is read).
+fn bare_wake_us(per_s: u64, secs: u64) -> (f64, f64) {
+    std::thread::spawn(move || {
+        let wakes = per_s * secs;
+        let period = Duration::from_secs(1) / per_s as u32;
+        let run = || {
+            let exact = std::fs::read_to_string("/proc/thread-self/schedstat")
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+            let fields: Vec<u64> = stat
+                .rsplit_once(')')
+                .map_or("", |(_, r)| r)
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            (exact, fields.iter().sum::<u64>() * 10_000) // 100 ticks per second
+        };
+        let (exact_before, ticks_before) = run();
+        for _ in 0..wakes {
+            std::thread::sleep(period);
+        }
+        let (exact_after, ticks_after) = run();
+        (
+            exact_after.saturating_sub(exact_before) as f64 / 1000.0 / wakes as f64,
+            ticks_after.saturating_sub(ticks_before) as f64 / wakes as f64,
+        )
+    })
+    .join()
+    .expect("the bare wake thread")
+}
+
 /// What the low-rate run measured.
 struct LowRate {
     us_per_event: f64,
@@ -598,6 +640,11 @@ fn main() {
                 "this machine's thread hand-off (`perf bench sched pipe -T`): {us:.1} µs per round trip, two hand-offs"
             );
         }
+        let (exact, ticks) = bare_wake_us(2 * rate, secs);
+        println!(
+            "a bare wake-up at {} a second for {secs} s (a thread that only sleeps): CPU {exact:.1} µs per wake (schedstat), {ticks:.1} (utime + stime)",
+            2 * rate
+        );
         if with_floor {
             let f = floor_low_rate(&conn, &ch, rate, secs).await;
             println!(
