@@ -19,9 +19,23 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 // One thread: the router is I/O-bound and shares small machines with the
 // broker. lapin's I/O runs on it too, as a task per connection (the vendored
-// lapin's patch, vendor/lapin/PATCH.md): no hand-offs between threads.
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> std::process::ExitCode {
+// lapin's patch, vendor/lapin/PATCH.md): no hand-offs between threads. Its
+// park hook coalesces wake-ups at low rates (`router::coalesce`).
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(delay_router::router::coalesce::park_hook)
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     let log = tracing_subscriber::fmt()

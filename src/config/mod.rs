@@ -97,6 +97,7 @@ struct RawAmqp {
     prefetch: Option<String>,
     inflight_bytes: Option<String>,
     ca_file: Option<String>,
+    coalesce: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -137,6 +138,13 @@ pub enum ConfigError {
     Ladder(#[from] LadderError),
 }
 
+/// Default longest coalescing tick (`[amqp] coalesce`, see `router::coalesce`):
+/// off, so that lateness stays a few milliseconds (README, CPU per message).
+pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::ZERO;
+/// The longest `[amqp] coalesce` accepted: every message may wait this much
+/// more at each hop.
+pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Default period of the topology check (passive declares, repair on drift).
 pub const DEFAULT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -155,6 +163,10 @@ pub struct Config {
     pub check_interval: std::time::Duration,
     pub prefetch: u16,
     pub inflight_bytes: u64,
+    /// `[amqp] coalesce`: the longest the router's thread sleeps before it
+    /// waits for the network at low rates, so that one wake-up handles
+    /// several events (zero: never).
+    pub coalesce: std::time::Duration,
     pub prefix: String,
     pub strategy: PlacementStrategy,
     /// `[placement] due_within`: a message due within this long after its
@@ -262,6 +274,19 @@ impl Config {
         let inflight_bytes = match raw.amqp.inflight_bytes {
             None => DEFAULT_INFLIGHT_BYTES,
             Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
+        };
+        let coalesce = match raw.amqp.coalesce {
+            None => DEFAULT_COALESCE,
+            Some(v) => humantime::parse_duration(v.trim())
+                .ok()
+                .filter(|d| *d <= MAX_COALESCE)
+                .ok_or_else(|| {
+                    invalid(
+                        "amqp.coalesce",
+                        &v,
+                        "expected a duration from 0s to 100ms, such as \"20ms\"".into(),
+                    )
+                })?,
         };
         let ca_file = match raw.amqp.ca_file {
             None => None,
@@ -428,6 +453,7 @@ impl Config {
             check_interval,
             prefetch,
             inflight_bytes,
+            coalesce,
             prefix,
             strategy,
             due_within,

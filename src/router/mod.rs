@@ -20,6 +20,7 @@
 //!   whether it is ready; [`endpoint`]: `/metrics`, `/healthz`, `/readyz`.
 
 pub mod clock;
+pub mod coalesce;
 pub mod destinations;
 pub mod drift;
 pub mod endpoint;
@@ -131,6 +132,7 @@ pub async fn run_with_stats(
     if config.queue_type == QueueTypeSetting::Fixed(QueueType::Classic) {
         warn_classic();
     }
+    coalesce::set_tick(config.coalesce);
     let rules = Arc::new(Rules::from_config(&config));
     let stop = CancellationToken::new();
     let health = Arc::new(health::Health::default());

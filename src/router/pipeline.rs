@@ -189,6 +189,7 @@ impl Pipeline {
         tracker: &TaskTracker,
         prefetch: u16,
     ) -> Result<(), SessionError> {
+        super::coalesce::delivered();
         let now_ms = clock::now_ms();
         let cancelled = match self.source {
             Source::Ingress => {
