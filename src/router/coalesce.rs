@@ -17,11 +17,18 @@
 //! save one), nor idle: a sleep follows only a wake-up that handled a
 //! delivery, and the park after it lasts until the next socket event.
 //!
-//! A message may then wait up to one tick more at each hop (the cascade
-//! makes up for it on every hop but the last); the tick shrinks as the rate
-//! grows (4 ms at 1,000 deliveries a second).
+//! A sleep never runs past the earliest deadline of the deliveries the
+//! router holds itself (the cascade's last fraction, [`holding_for`]): a
+//! message whose last hop is a hold leaves on time. One that arrives due
+//! from a bucket may wait up to one tick more (the cascade makes up for it
+//! on every hop but the last); the tick shrinks as the rate grows (4 ms at
+//! 1,000 deliveries a second).
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::sync::Mutex;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -36,6 +43,53 @@ pub const WINDOW: Duration = Duration::from_millis(250);
 static DELIVERIES: AtomicU64 = AtomicU64::new(0);
 /// The tick in microseconds (0: off), set once the configuration is read.
 static TICK_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// A sleep shorter than this is not worth a wake-up of its own: park at once.
+pub const MIN_SLEEP: Duration = Duration::from_millis(1);
+
+/// Deadlines of the deliveries held now (how many at each), while
+/// coalescing is on: a sleep ends at the earliest.
+static HOLDS: Mutex<BTreeMap<Instant, u32>> = Mutex::new(BTreeMap::new());
+
+/// A held delivery's deadline, counted until this is dropped.
+#[must_use = "the deadline counts only while the guard lives"]
+pub struct HoldGuard(Option<Instant>);
+
+/// Counts a delivery the router holds for `after` from now (nothing when
+/// coalescing is off): no coalescing sleep runs past its deadline while the
+/// guard lives.
+pub fn holding_for(after: Duration) -> HoldGuard {
+    if TICK_MICROS.load(Ordering::Relaxed) == 0 {
+        return HoldGuard(None);
+    }
+    let Some(deadline) = Instant::now().checked_add(after) else {
+        return HoldGuard(None);
+    };
+    *holds().entry(deadline).or_insert(0) += 1;
+    HoldGuard(Some(deadline))
+}
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        if let Some(deadline) = self.0
+            && let Entry::Occupied(mut e) = holds().entry(deadline)
+        {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+fn holds() -> std::sync::MutexGuard<'static, BTreeMap<Instant, u32>> {
+    HOLDS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The earliest deadline of a held delivery, if any.
+fn next_hold() -> Option<Instant> {
+    holds().first_key_value().map(|(at, _)| *at)
+}
 
 /// Sets the tick of [`park_hook`] (zero turns coalescing off).
 pub fn set_tick(tick: Duration) {
@@ -72,9 +126,15 @@ impl Coalescer {
         }
     }
 
-    /// The thread is about to park with `count` deliveries handled so far:
-    /// how long to sleep first (none: park at once).
-    pub fn before_park(&mut self, now: Instant, count: u64) -> Option<Duration> {
+    /// The thread is about to park with `count` deliveries handled so far
+    /// and the earliest held delivery due at `next_hold`: how long to sleep
+    /// first (none: park at once).
+    pub fn before_park(
+        &mut self,
+        now: Instant,
+        count: u64,
+        next_hold: Option<Instant>,
+    ) -> Option<Duration> {
         let elapsed = now.saturating_duration_since(self.window_start);
         if elapsed >= WINDOW {
             self.rate = count.saturating_sub(self.window_base) as f64 / elapsed.as_secs_f64();
@@ -88,7 +148,9 @@ impl Coalescer {
         if !(fresh && worth) {
             return None;
         }
-        Some(self.tick.min(Duration::from_secs_f64(BATCH / self.rate)))
+        let sleep = self.tick.min(Duration::from_secs_f64(BATCH / self.rate));
+        let sleep = next_hold.map_or(sleep, |at| sleep.min(at.saturating_duration_since(now)));
+        (sleep >= MIN_SLEEP).then_some(sleep)
     }
 }
 
@@ -106,10 +168,11 @@ pub fn park_hook() {
     {
         let now = Instant::now();
         let count = DELIVERIES.load(Ordering::Relaxed);
+        let next = next_hold();
         let sleep = COALESCER.with(|c| {
             c.borrow_mut()
                 .get_or_insert_with(|| Coalescer::new(tick, now, count))
-                .before_park(now, count)
+                .before_park(now, count, next)
         });
         if let Some(d) = sleep {
             std::thread::sleep(d);
@@ -128,7 +191,7 @@ mod tests {
         (1..=n)
             .filter(|i| {
                 let at = start + gap * u32::try_from(*i).unwrap();
-                c.before_park(at, first + i).is_some()
+                c.before_park(at, first + i, None).is_some()
             })
             .count()
     }
@@ -141,7 +204,7 @@ mod tests {
         // the others sleep the whole tick (4 take 40 ms).
         let sleeps = stream(&mut c, t0, 0, 100, 10 * MS);
         assert!((70..=80).contains(&sleeps), "{sleeps}");
-        assert_eq!(c.before_park(t0 + 1010 * MS, 101), Some(20 * MS));
+        assert_eq!(c.before_park(t0 + 1010 * MS, 101, None), Some(20 * MS));
     }
 
     #[test]
@@ -151,9 +214,9 @@ mod tests {
         // 1000 a second: 4 deliveries take 4 ms.
         let step = Duration::from_millis(1);
         for i in 1..=300u32 {
-            c.before_park(t0 + step * i, u64::from(i));
+            c.before_park(t0 + step * i, u64::from(i), None);
         }
-        let tick = c.before_park(t0 + step * 301, 301).unwrap();
+        let tick = c.before_park(t0 + step * 301, 301, None).unwrap();
         assert!(tick >= 3 * MS && tick <= 5 * MS, "{tick:?}");
     }
 
@@ -180,8 +243,8 @@ mod tests {
         let mut c = Coalescer::new(20 * MS, t0, 0);
         stream(&mut c, t0, 0, 100, 10 * MS);
         let later = t0 + Duration::from_secs(1);
-        assert_eq!(c.before_park(later, 100), None);
-        assert_eq!(c.before_park(later + MS, 100), None);
+        assert_eq!(c.before_park(later, 100, None), None);
+        assert_eq!(c.before_park(later + MS, 100, None), None);
     }
 
     #[test]
@@ -189,5 +252,50 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Coalescer::new(Duration::ZERO, t0, 0);
         assert_eq!(stream(&mut c, t0, 0, 100, 10 * MS), 0);
+    }
+
+    #[test]
+    fn a_sleep_ends_at_the_earliest_held_deadline() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(20 * MS, t0, 0);
+        stream(&mut c, t0, 0, 100, 10 * MS);
+        let now = t0 + 1010 * MS;
+        assert_eq!(c.before_park(now, 101, Some(now + 7 * MS)), Some(7 * MS));
+        // Later than the tick: the tick.
+        assert_eq!(c.before_park(now, 102, Some(now + 90 * MS)), Some(20 * MS));
+    }
+
+    #[test]
+    fn a_hold_due_within_a_millisecond_or_past_parks_at_once() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(20 * MS, t0, 0);
+        stream(&mut c, t0, 0, 100, 10 * MS);
+        let now = t0 + 1010 * MS;
+        let soon = now + Duration::from_micros(400);
+        assert_eq!(c.before_park(now, 101, Some(soon)), None);
+        assert_eq!(c.before_park(now, 102, Some(t0)), None);
+    }
+
+    #[test]
+    fn hold_guards_count_while_they_live() {
+        // The registry is the process's: other tests run beside this one, so
+        // only deadlines far from theirs are looked at.
+        set_tick(20 * MS);
+        let far = Duration::from_secs(3600 * 24 * 365);
+        let a = holding_for(far);
+        let at = a.0.expect("counted while coalescing is on");
+        let count = || holds().get(&at).copied();
+        assert_eq!(count(), Some(1));
+        let b = HoldGuard(Some(at));
+        *holds().entry(at).or_insert(0) += 1;
+        assert_eq!(count(), Some(2));
+        drop(a);
+        assert_eq!(count(), Some(1));
+        drop(b);
+        assert_eq!(count(), None);
+        assert!(
+            holding_for(Duration::MAX).0.is_none(),
+            "no deadline that far"
+        );
     }
 }

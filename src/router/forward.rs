@@ -124,7 +124,9 @@ impl Forwarder {
             && !after.is_zero()
         {
             // Cascade's last fraction: timed here while the delivery stays
-            // unacked (counted by `hold`, when it was decided).
+            // unacked (counted by `hold`, when it was decided). No
+            // coalescing sleep runs past its deadline.
+            let _deadline = super::coalesce::holding_for(*after);
             tokio::time::sleep(*after).await;
             self.holding.fetch_sub(1, Ordering::Relaxed);
             self.stats.holding(-1);
