@@ -94,10 +94,12 @@ impl Pacer {
     /// Ends each lazy period at its deadline, until `halt`.
     pub async fn run(&self, halt: CancellationToken) {
         let mut deadlines = self.deadline.subscribe();
+        let halted = halt.cancelled();
+        tokio::pin!(halted);
         loop {
             let current = *deadlines.borrow_and_update();
             tokio::select! {
-                () = halt.cancelled() => return,
+                () = &mut halted => return,
                 changed = deadlines.changed() => if changed.is_err() { return },
                 () = sleep_until(current) => {
                     let Some((period, _)) = current else { continue };

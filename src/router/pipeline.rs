@@ -101,10 +101,16 @@ impl Pipeline {
             holding: Default::default(),
             pacer: self.pacer.clone(),
         });
+        // Made once, not at every delivery: each one registers with its
+        // token when first polled and leaves it when dropped.
+        let stopped = stop.cancelled();
+        let faulted = self.fault.raised();
+        tokio::pin!(stopped, faulted);
         let outcome = loop {
             tokio::select! {
-                () = stop.cancelled() => break Ok(()),
-                () = self.fault.raised() => break Ok(()),
+                biased;
+                () = &mut stopped => break Ok(()),
+                () = &mut faulted => break Ok(()),
                 next = consumers.next() => match next {
                     Some(Ok(delivery)) => {
                         if let Some(count) = window.observe(delivery.data.len()) {
