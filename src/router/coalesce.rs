@@ -44,7 +44,8 @@ static DELIVERIES: AtomicU64 = AtomicU64::new(0);
 /// The tick in microseconds (0: off), set once the configuration is read.
 static TICK_MICROS: AtomicU64 = AtomicU64::new(0);
 
-/// A sleep shorter than this is not worth a wake-up of its own: park at once.
+/// A sleep a hold cuts shorter than this is not worth a wake-up of its
+/// own: park at once.
 pub const MIN_SLEEP: Duration = Duration::from_millis(1);
 
 /// Deadlines of the deliveries held now (how many at each), while
@@ -149,8 +150,11 @@ impl Coalescer {
             return None;
         }
         let sleep = self.tick.min(Duration::from_secs_f64(BATCH / self.rate));
-        let sleep = next_hold.map_or(sleep, |at| sleep.min(at.saturating_duration_since(now)));
-        (sleep >= MIN_SLEEP).then_some(sleep)
+        match next_hold.map(|at| at.saturating_duration_since(now)) {
+            // Cut short by a hold: not worth a wake-up under MIN_SLEEP.
+            Some(room) if room < sleep => (room >= MIN_SLEEP).then_some(room),
+            _ => Some(sleep),
+        }
     }
 }
 
@@ -245,6 +249,19 @@ mod tests {
         let later = t0 + Duration::from_secs(1);
         assert_eq!(c.before_park(later, 100, None), None);
         assert_eq!(c.before_park(later + MS, 100, None), None);
+    }
+
+    #[test]
+    fn a_tick_under_a_millisecond_still_sleeps_without_a_hold() {
+        let t0 = Instant::now();
+        let tick = Duration::from_micros(900);
+        let mut c = Coalescer::new(tick, t0, 0);
+        // 1,900 a second (above 2,000 it would not sleep at all).
+        let gap = Duration::from_micros(526);
+        for i in 1..=600u32 {
+            c.before_park(t0 + gap * i, u64::from(i), None);
+        }
+        assert_eq!(c.before_park(t0 + gap * 601, 601, None), Some(tick));
     }
 
     #[test]
