@@ -23,6 +23,8 @@
 //! BENCH_SHOVEL_SHAPE=placed: the shovel moves messages shaped as the router's
 //! output (its transit headers and derived `message-id`, about 200 bytes of
 //! properties more than the senders' messages), not as its input.
+//! BENCH_FLOOR_SHAPE=placed does the same for the floor (below), so that it
+//! and the router publish the same bytes into the bucket.
 //!
 //! `cargo bench --bench throughput` (env: BENCH_MESSAGES=30000 BENCH_ROUNDS=5).
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
@@ -329,7 +331,7 @@ async fn shovel_round(conn: &Connection, n: usize, broker: u32, same_queues: boo
         .await
         .unwrap();
     let (rules, src, dst) = if same_queues {
-        let (rules, ingress, bucket) = router_queues(conn, &ch, n).await;
+        let (rules, ingress, bucket) = router_queues(conn, &ch, n, &props()).await;
         (Some(rules), ingress, bucket)
     } else {
         let (src, dst) = (format!("{prefix}.src"), format!("{prefix}.dst"));
@@ -380,7 +382,12 @@ async fn plain_queues(conn: &Connection, ch: &Channel, n: usize, src: &str, dst:
 
 /// The router's topology under a new prefix, its ingress prefilled with `n`
 /// messages: the rules and the bucket the router would place them in.
-async fn router_queues(conn: &Connection, ch: &Channel, n: usize) -> (Rules, String, String) {
+async fn router_queues(
+    conn: &Connection,
+    ch: &Channel,
+    n: usize,
+    shape: &BasicProperties,
+) -> (Rules, String, String) {
     let prefix = prefix();
     let qt = queue_type();
     let text = format!(
@@ -391,14 +398,7 @@ async fn router_queues(conn: &Connection, ch: &Channel, n: usize) -> (Rules, Str
     broker::declare::declare(conn, &rules.topology())
         .await
         .unwrap();
-    prefill(
-        ch,
-        rules.names.router_exchange.as_str(),
-        "bench",
-        n,
-        &props(),
-    )
-    .await;
+    prefill(ch, rules.names.router_exchange.as_str(), "bench", n, shape).await;
     wait_depth(conn, rules.names.ingress.as_str(), n as u32).await;
     let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
         panic!("a 30m delay waits in a bucket")
@@ -415,7 +415,13 @@ async fn floor_round(conn: &Connection, n: usize, broker: u32) -> Drain {
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    let (rules, ingress, bucket) = router_queues(conn, &ch, n).await;
+    // BENCH_FLOOR_SHAPE=placed: the floor moves messages shaped as the
+    // router's output, so that it and the router publish the same bytes.
+    let shape = match std::env::var("BENCH_FLOOR_SHAPE").as_deref() {
+        Ok("placed") => placed_props(),
+        _ => props(),
+    };
+    let (rules, ingress, bucket) = router_queues(conn, &ch, n, &shape).await;
     let child = floor::command(URL, &ingress, &bucket)
         .spawn()
         .expect("the floor forwarder");
