@@ -139,8 +139,10 @@ pub enum ConfigError {
 }
 
 /// Default longest coalescing tick (`[amqp] coalesce`, see `router::coalesce`):
-/// off, so that lateness stays a few milliseconds (README, CPU per message).
-pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::ZERO;
+/// at 100 messages a second it cuts the router's CPU an event by about a
+/// third for a few milliseconds of lateness at the last hop (README,
+/// Coalescing by default). `"0s"` turns it off.
+pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::from_millis(20);
 /// The longest `[amqp] coalesce` accepted: every message may wait this much
 /// more at each hop.
 pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);

@@ -1,5 +1,5 @@
-//! Wake-up coalescing at low and moderate rates (`[amqp] coalesce`, off
-//! unless set).
+//! Wake-up coalescing at low and moderate rates (`[amqp] coalesce`, 20 ms
+//! unless set; `"0s"` turns it off).
 //!
 //! At a low steady rate every delivery wakes the router's thread on its own,
 //! and on a small virtual machine the wake-up (a context switch, cold
