@@ -73,6 +73,9 @@ impl Drop for Runner {
     }
 }
 
+/// A message's publish time, its delay, and its `x-deliver-at` (ms).
+type Sent = (Instant, u64, Option<i64>);
+
 struct Lane {
     label: String,
     strategy: PlacementStrategy,
@@ -81,8 +84,10 @@ struct Lane {
     prefix: String,
     dest: String,
     runner: Runner,
-    sent: Arc<Mutex<HashMap<usize, (Instant, u64)>>>,
-    arrived: Arc<Mutex<HashMap<usize, Instant>>>,
+    /// When each was published, its delay, and its `x-deliver-at` (ms).
+    sent: Arc<Mutex<HashMap<usize, Sent>>>,
+    /// When each arrived, and the wall clock then (ns since the epoch).
+    arrived: Arc<Mutex<HashMap<usize, (Instant, u128)>>>,
     /// Consumes the destination; aborted before the queue is deleted.
     collector: tokio::task::JoinHandle<()>,
 }
@@ -162,8 +167,9 @@ fn main() {
             let collector = tokio::spawn(async move {
                 while let Some(d) = consumer.next_within(Duration::from_secs(600)).await {
                     let at = Instant::now();
+                    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
                     let id: usize = d.properties.message_id().as_ref().unwrap().as_str().parse().unwrap();
-                    sink.lock().unwrap().insert(id, at);
+                    sink.lock().unwrap().insert(id, (at, wall));
                 }
             });
             lanes.push(Lane { label, strategy, deliver_at, prefix, dest, runner, sent: Default::default(), arrived, collector });
@@ -186,11 +192,13 @@ fn main() {
             for lane in &lanes {
                 let mut h = FieldTable::default();
                 let t0 = Instant::now();
+                let mut header_ms = None;
                 if lane.deliver_at {
                     // The time now, rounded up to the millisecond: the
                     // header's time is then at or after t0 + delay.
                     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
                     let now_ms = now.as_nanos().div_ceil(1_000_000) as i64;
+                    header_ms = Some(now_ms + delay as i64);
                     h.insert("x-deliver-at".into(), AMQPValue::LongLongInt(now_ms + delay as i64));
                 } else {
                     h.insert("x-requested-delay".into(), AMQPValue::LongLongInt(delay as i64));
@@ -199,7 +207,7 @@ fn main() {
                 h.insert("x-original-routing-key".into(), AMQPValue::LongString(LongString::from(lane.dest.as_str())));
                 let props = BasicProperties::default().with_delivery_mode(2).with_message_id(i.to_string().into()).with_headers(h);
                 let exchange = format!("{}.router", lane.prefix);
-                lane.sent.lock().unwrap().insert(i, (t0, delay));
+                lane.sent.lock().unwrap().insert(i, (t0, delay, header_ms));
                 confirms.push(pub_ch.basic_publish(exchange.as_str().into(), "".into(), BasicPublishOptions::default(), b"precision", props).await.unwrap());
             }
         }
@@ -226,15 +234,22 @@ fn main() {
             let arrived = lane.arrived.lock().unwrap();
             let mut late: Vec<i64> = sent
                 .iter()
-                .map(|(i, (t0, delay))| {
-                    let waited = arrived[i].duration_since(*t0).as_millis() as i64;
+                .map(|(i, (t0, delay, _))| {
+                    let waited = arrived[i].0.duration_since(*t0).as_millis() as i64;
                     waited - *delay as i64
                 })
                 .collect();
             late.sort();
             let early = late.iter().filter(|l| **l < 0).count();
-            if early > 0 {
-                println!("{}: {early} early, by up to {} ms", lane.label, -late[0]);
+            if early > 0 || lane.deliver_at {
+                // Early by the monotonic clock; was any early by the wall
+                // clock too, against its `x-deliver-at`?
+                let before_header = sent
+                    .iter()
+                    .filter(|(i, (_, _, h))| h.is_some_and(|h| arrived[i].1 < h as u128 * 1_000_000))
+                    .count();
+                let by = if early > 0 { format!(", by up to {} ms", -late[0]) } else { String::new() };
+                println!("{}: {early} early{by}; {before_header} arrived before their x-deliver-at by the wall clock", lane.label);
             }
             let (hops, counters) = match &lane.runner {
                 Runner::InProcess { stats, .. } => {

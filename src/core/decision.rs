@@ -259,10 +259,14 @@ impl Rules {
                         d.routing_key.as_str(),
                         d.body,
                     );
+                    let clock = ingress::Clock {
+                        stamp_ms: cx.stamp_ms,
+                        now_ms: cx.now_ms,
+                    };
                     let (action, policy) = self.admit_and_schedule(
                         d.routing_key,
                         &sender,
-                        cx.stamp_ms,
+                        clock,
                         cx.unit,
                         cx.hold_up_to,
                     );

@@ -180,3 +180,37 @@ fn a_message_written_into_a_bucket_by_hand_is_checked_when_due() {
         Action::Deliver { .. }
     ));
 }
+
+#[test]
+fn an_x_deliver_at_held_at_ingress_is_timed_from_now_rounded_down() {
+    // Read at NOW + 0.4 ms: stamped NOW + 1, compared as NOW. A hold counted
+    // from the stamp would end 0.6 ms before the time the sender asked for.
+    let at = NOW + 500;
+    let p = props(&[
+        ("x-deliver-at", AMQPValue::LongLongInt(at)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let cx = Context {
+        now_ms: NOW,
+        stamp_ms: NOW + 1,
+        unit: 0.0,
+        frame_max: 131_072,
+        cancelled: false,
+        hold_up_to: std::time::Duration::from_secs(2),
+    };
+    let plan = super::tests::rules_for(PlacementStrategy::Cascade).decide(
+        Delivery {
+            source: Source::Ingress,
+            exchange: "t.router",
+            routing_key: &"eu".into(),
+            properties: Cow::Borrowed(&p),
+            body: b"body",
+        },
+        &cx,
+    );
+    let Action::Deliver { after, due_ms, .. } = plan.action else {
+        panic!("held at ingress: {:?}", plan.action)
+    };
+    assert_eq!(due_ms, at);
+    assert_eq!(after, std::time::Duration::from_millis(500));
+}

@@ -41,6 +41,14 @@ fn refuse(
     })
 }
 
+/// Now, as the ingress reads it: rounded up to stamp deadlines, rounded
+/// down to count the time left (`crate::router::clock`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Clock {
+    pub stamp_ms: i64,
+    pub now_ms: i64,
+}
+
 impl Rules {
     /// A message published to the router exchange (or dead-lettered into it
     /// by a work queue whose consumer rejected it). `unit` is a random number
@@ -52,22 +60,30 @@ impl Rules {
         now_ms: i64,
         unit: f64,
     ) -> Action {
-        self.admit_and_schedule(routing_key, p, now_ms, unit, placement::HOLD_BELOW)
+        let clock = Clock {
+            stamp_ms: now_ms,
+            now_ms,
+        };
+        self.admit_and_schedule(routing_key, p, clock, unit, placement::HOLD_BELOW)
             .0
     }
 
     /// As [`Rules::on_ingress`], with the retry policy that scheduled it.
+    /// Deadlines are stamped from `clock.stamp_ms` (now rounded up); the time
+    /// left is counted from `clock.now_ms` (rounded down), so a hold never
+    /// ends before an `x-deliver-at` even by a fraction of a millisecond.
     pub(super) fn admit_and_schedule(
         &self,
         routing_key: &ShortString,
         p: &BasicProperties,
-        now_ms: i64,
+        clock: Clock,
         unit: f64,
         hold_up_to: Duration,
     ) -> (Action, Option<String>) {
+        let now_ms = clock.stamp_ms;
         match self.admit(routing_key, p, now_ms, unit) {
             Ok((transit, p, policy)) => {
-                let action = self.schedule(&p, transit, now_ms, true, hold_up_to);
+                let action = self.schedule(&p, transit, clock.now_ms, true, hold_up_to);
                 (self.publishable(action, now_ms), policy)
             }
             Err(r) => {
