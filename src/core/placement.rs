@@ -674,4 +674,44 @@ mod tests {
             }
         }
     }
+
+    /// Bucket hops a message on `benches/precision.rs`'s workload (delays
+    /// log-uniform from 200 ms to 60 s, at 2,000 evenly spaced quantiles),
+    /// the router holding up to [`HOLD_WITH_ROOM`] itself and every hop
+    /// coming back 3 ms late.
+    fn precision_workload_hops(eff: &Ladder) -> f64 {
+        let (lo, hi, n) = (200f64.ln(), 60_000f64.ln(), 2000);
+        let mut hops = 0;
+        for i in 0..n {
+            let ms = (lo + (hi - lo) * (f64::from(i) + 0.5) / f64::from(n)).exp();
+            let mut left = Duration::from_secs_f64(ms / 1000.0);
+            while let Some(Placement::Bucket { rung, .. }) =
+                place_or_hold(PlacementStrategy::Cascade, eff, left, HOLD_WITH_ROOM)
+            {
+                hops += 1;
+                left = (left + Duration::from_millis(3)).saturating_sub(eff.rungs()[rung].ttl);
+            }
+        }
+        f64::from(hops) / f64::from(n)
+    }
+
+    #[test]
+    fn the_precision_workload_takes_fewer_hops_with_multiples_reaching_two_rungs_up() {
+        let bench = Ladder::from_labels(&["1s", "2s", "4s", "8s", "16s", "32s"]).unwrap();
+        let eff = effective_ladder(PlacementStrategy::Cascade, &bench);
+        for added in ["6s", "12s", "24s"] {
+            assert!(eff.rungs().iter().any(|r| r.label == added), "{added}");
+        }
+        let now = precision_workload_hops(&eff);
+        // The effective ladder before the multiples reached two rungs up
+        // (df031f7): the bench's rungs, the halves below them and the
+        // multiples of the top one; 1.11 hops a message measured then.
+        let before = Ladder::from_labels(&[
+            "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "64s", "96s", "128s", "160s",
+        ])
+        .unwrap();
+        let then = precision_workload_hops(&before);
+        assert!((0.86..0.90).contains(&now), "{now}");
+        assert!((1.08..1.12).contains(&then), "{then}");
+    }
 }
