@@ -14,6 +14,9 @@
 //!    stime from /proc over that span, divided by the events (placements and
 //!    deliveries) — idle wake-ups included — and the context switches of
 //!    all the router's threads (`/proc/<pid>/task/*/status`) per event.
+//!    The bench consumes the destination as messages arrive and prints
+//!    their lateness (arrival less publish less the 3 s asked for):
+//!    coalescing trades it for the CPU (`DELAY_ROUTER__AMQP__COALESCE`).
 //!
 //! BENCH_WAY=delivery measures the other half of a message's way instead of
 //! placement: prefilled into the expired queue (the broker dead-letters them
@@ -387,6 +390,7 @@ async fn floor_low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64) -
         us_per_event: (cpu_after - cpu_before) as f64 / events,
         switches_per_event: switches as f64 / events,
         peak_rss_kib: rss,
+        lateness_ms: None,
     }
 }
 
@@ -430,8 +434,8 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     while depth_consumers(ch, s.rules.names.ingress.as_str()).await < 1 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let p = props("3s", &dest);
     let exchange = s.rules.names.router_exchange.as_str().to_owned();
+    let arrivals = lateness_consumer(conn, &dest).await;
     let (cpu_before, _) = procfs::cpu_and_rss(pid);
     let switches_before = procfs::context_switches(pid);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
@@ -439,10 +443,15 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
     let mut sent = 0;
     while started.elapsed() < Duration::from_secs(secs) {
         tick.tick().await;
+        // Stamped just before the publish: lateness counts from here.
+        let mut p = props("3s", &dest);
+        let mut h = p.headers().clone().unwrap_or_default();
+        h.insert("bench-sent-us".into(), AMQPValue::LongLongInt(epoch_us()));
+        p = p.with_headers(h);
         publish(ch, &exchange, &p, 1).await;
         sent += 1;
     }
-    wait_depth(conn, &dest, sent as u32, Duration::from_secs(60)).await;
+    let late = arrivals.collect(sent, Duration::from_secs(60)).await;
     let (cpu_after, rss) = procfs::cpu_and_rss(pid);
     let switches = procfs::context_switches(pid).saturating_sub(switches_before);
     stop.interrupt().await;
@@ -456,7 +465,91 @@ async fn low_rate(conn: &Connection, ch: &Channel, rate: u64, secs: u64, bin: &P
         us_per_event: (cpu_after - cpu_before) as f64 / events,
         switches_per_event: switches as f64 / events,
         peak_rss_kib: rss,
+        lateness_ms: Some(late),
     }
+}
+
+fn epoch_us() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(since.as_micros()).expect("microseconds fit")
+}
+
+/// Arrivals at the destination, consumed as they come, each one's lateness
+/// (arrival less `bench-sent-us` less the 3 s asked for).
+struct Arrivals {
+    late_us: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn lateness_consumer(conn: &Connection, queue: &str) -> Arrivals {
+    use futures_util::StreamExt;
+    let ch = conn.create_channel().await.expect("channel");
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "bench-lateness".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume the destination");
+    let late_us = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = late_us.clone();
+    let task = tokio::spawn(async move {
+        let _ch = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            let now = epoch_us();
+            let sent = d
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("bench-sent-us").cloned());
+            let Some(AMQPValue::LongLongInt(sent)) = sent else {
+                panic!("a delivery without bench-sent-us: {:?}", d.properties);
+            };
+            sink.lock().unwrap().push(now - sent - 3_000_000);
+        }
+    });
+    Arrivals { late_us, task }
+}
+
+impl Arrivals {
+    /// Waits for `n` arrivals; their lateness in ms: p50, p99, max, and
+    /// how many came early.
+    async fn collect(self, n: u64, within: Duration) -> Lateness {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.late_us.lock().unwrap().len() as u64;
+            if got >= n {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{got} of {n} arrived");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.task.abort();
+        let mut v = self.late_us.lock().unwrap().clone();
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0;
+        Lateness {
+            p50: at(0.50),
+            p99: at(0.99),
+            max: at(1.0),
+            early: v.iter().filter(|l| **l < 0).count(),
+        }
+    }
+}
+
+/// Lateness of the low rate's arrivals, ms.
+struct Lateness {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    early: usize,
 }
 
 /// The router idle on the shipped ladder for `secs` seconds: its CPU and
@@ -565,6 +658,8 @@ struct LowRate {
     us_per_event: f64,
     switches_per_event: f64,
     peak_rss_kib: u64,
+    /// The router's run only (the floor's is not measured).
+    lateness_ms: Option<Lateness>,
 }
 
 async fn depth_consumers(ch: &Channel, queue: &str) -> u32 {
@@ -635,6 +730,12 @@ fn main() {
             "at {rate} messages/s for {secs} s (placed and forwarded): CPU {:.1} µs per event, {:.1} context switches per event, peak RSS {} KiB",
             r.us_per_event, r.switches_per_event, r.peak_rss_kib
         );
+        if let Some(l) = &r.lateness_ms {
+            println!(
+                "  lateness at the destination (from the publish, 3 s asked for): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {} early",
+                l.p50, l.p99, l.max, l.early
+            );
+        }
         if let Some(us) = handoff_us() {
             println!(
                 "this machine's thread hand-off (`perf bench sched pipe -T`): {us:.1} µs per round trip, two hand-offs"

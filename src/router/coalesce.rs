@@ -6,10 +6,13 @@
 //! caches) costs more than the work it does (README, CPU per message). So
 //! while deliveries come at a rate where a wake-up would find one or two of
 //! them, the thread, about to wait for the next socket event, sleeps first
-//! for as long as [`BATCH`] deliveries take to come at the rate seen, at
-//! most `[amqp] coalesce`: deliveries, confirms and timers that come
+//! for `[amqp] coalesce`, or as long as [`batch`] deliveries take to come
+//! at the rate seen when that is shorter: deliveries, confirms and timers
+//! that come
 //! meanwhile wait in the kernel and are handled together after it, one
-//! wake-up for all.
+//! wake-up for all. The wake-up, on caches gone cold, costs far more than
+//! the deliveries it handles, so the CPU an event falls as the tick grows
+//! (README, Performance: "The tick the setting asks for").
 //!
 //! It never sleeps at full rate (more than [`MAX_RATE`] deliveries a
 //! second: the thread then parks only while it waits for the broker), below
@@ -21,8 +24,7 @@
 //! router holds itself (the cascade's last fraction, [`holding_for`]): a
 //! message whose last hop is a hold leaves on time. One that arrives due
 //! from a bucket may wait up to one tick more (the cascade makes up for it
-//! on every hop but the last); the tick shrinks as the rate grows (4 ms at
-//! 1,000 deliveries a second).
+//! on every hop but the last).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -34,8 +36,21 @@ use std::time::{Duration, Instant};
 
 /// Above this rate of deliveries a second the thread never coalesces.
 pub const MAX_RATE: f64 = 2000.0;
-/// The deliveries a tick is sized to gather, at the rate seen.
+/// The fewest deliveries a tick is sized to gather, at the rate seen.
 pub const BATCH: f64 = 4.0;
+/// Up to this rate of deliveries a second a tick of 20 ms or longer is
+/// slept whole (see [`batch`]).
+pub const FULL_TICK_RATE: f64 = 200.0;
+
+/// The deliveries a `tick` is sized to gather: [`BATCH`], or as many as
+/// come in the tick at [`FULL_TICK_RATE`] when that is more (4 under the
+/// default 20 ms, 16 under 80 ms). Above that rate a wake-up finds many
+/// deliveries anyway, and the lateness buys less: the tick shrinks in
+/// proportion (a fifth at 1,000 a second).
+pub fn batch(tick: Duration) -> f64 {
+    BATCH.max(tick.as_secs_f64() * FULL_TICK_RATE)
+}
+
 /// How long the rate is counted over before it is reconsidered.
 pub const WINDOW: Duration = Duration::from_millis(250);
 
@@ -149,7 +164,9 @@ impl Coalescer {
         if !(fresh && worth) {
             return None;
         }
-        let sleep = self.tick.min(Duration::from_secs_f64(BATCH / self.rate));
+        let sleep = self
+            .tick
+            .min(Duration::from_secs_f64(batch(self.tick) / self.rate));
         match next_hold.map(|at| at.saturating_duration_since(now)) {
             // Cut short by a hold: not worth a wake-up under MIN_SLEEP.
             Some(room) if room < sleep => (room >= MIN_SLEEP).then_some(room),
@@ -205,7 +222,7 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Coalescer::new(20 * MS, t0, 0);
         // 100 a second: 2 a tick. The first window (250 ms) does not sleep;
-        // the others sleep the whole tick (4 take 40 ms).
+        // the others sleep the whole tick.
         let sleeps = stream(&mut c, t0, 0, 100, 10 * MS);
         assert!((70..=80).contains(&sleeps), "{sleeps}");
         assert_eq!(c.before_park(t0 + 1010 * MS, 101, None), Some(20 * MS));
@@ -215,13 +232,30 @@ mod tests {
     fn the_tick_shrinks_as_the_rate_grows() {
         let t0 = Instant::now();
         let mut c = Coalescer::new(20 * MS, t0, 0);
-        // 1000 a second: 4 deliveries take 4 ms.
+        // 1000 a second: a fifth of the tick (4 deliveries take 4 ms).
         let step = Duration::from_millis(1);
         for i in 1..=300u32 {
             c.before_park(t0 + step * i, u64::from(i), None);
         }
         let tick = c.before_park(t0 + step * 301, 301, None).unwrap();
         assert!(tick >= 3 * MS && tick <= 5 * MS, "{tick:?}");
+    }
+
+    #[test]
+    fn a_longer_tick_is_slept_whole_up_to_the_full_tick_rate() {
+        // 100 a second under an 80 ms tick: 8 a tick, all of it slept.
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(80 * MS, t0, 0);
+        stream(&mut c, t0, 0, 100, 10 * MS);
+        assert_eq!(c.before_park(t0 + 1010 * MS, 101, None), Some(80 * MS));
+        // 800 a second: a quarter of it (16 deliveries take 20 ms).
+        let mut d = Coalescer::new(80 * MS, t0, 0);
+        let step = Duration::from_micros(1250);
+        for i in 1..=400u32 {
+            d.before_park(t0 + step * i, u64::from(i), None);
+        }
+        let tick = d.before_park(t0 + step * 401, 401, None).unwrap();
+        assert!(tick >= 18 * MS && tick <= 22 * MS, "{tick:?}");
     }
 
     #[test]
