@@ -156,3 +156,98 @@ async fn a_removed_binding_is_made_again() {
     let _ = std::fs::remove_file(&log);
     h.cleanup().await;
 }
+
+/// The check's survey sends every passive declare at once (one round trip,
+/// not one a name): every name there gives each queue's depth, in order;
+/// a missing queue or exchange anywhere in the batch gives `None` (its 404
+/// closes the channel and fails the probes behind it) and leaves the
+/// connection usable for the one-by-one survey that names it.
+#[tokio::test]
+async fn the_survey_probes_everything_at_once_and_a_missing_name_falls_back() {
+    use delay_router::broker::probe::all_present;
+    use lapin::types::ShortString;
+    let mut h = Harness::new(&["1s"], "").await;
+    let mut queues = Vec::new();
+    for i in 0..40 {
+        queues.push(h.queue(&format!("q{i}")).await);
+    }
+    let ch = h.conn.create_channel().await.unwrap();
+    for i in 0..3 {
+        ch.basic_publish(
+            "".into(),
+            queues[7].as_str().into(),
+            lapin::options::BasicPublishOptions::default(),
+            &[i],
+            lapin::BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let names: Vec<ShortString> = queues.iter().map(|q| q.as_str().into()).collect();
+    let refs: Vec<&ShortString> = names.iter().collect();
+    let default_exchange: ShortString = "".into();
+    let direct: ShortString = "amq.direct".into();
+    let fanout: ShortString = "amq.fanout".into();
+    let exchanges = [&default_exchange, &direct, &fanout];
+
+    let infos = all_present(&h.conn, &exchanges, &refs)
+        .await
+        .unwrap()
+        .expect("every name exists");
+    assert_eq!(infos.len(), 40);
+    for (i, info) in infos.iter().enumerate() {
+        assert_eq!(info.messages, if i == 7 { 3 } else { 0 }, "queue {i}");
+        assert_eq!(info.consumers, 0);
+    }
+
+    let gone: ShortString = format!("{}.never-declared", h.prefix).into();
+    let mut with_gone = refs.clone();
+    with_gone.insert(20, &gone);
+    assert!(
+        all_present(&h.conn, &exchanges, &with_gone)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let gone_exchange: ShortString = format!("{}.no-exchange", h.prefix).into();
+    assert!(
+        all_present(&h.conn, &[&direct, &gone_exchange], &refs)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The connection took only channel errors.
+    assert_eq!(h.depth(&queues[7]).await, 3);
+    let _ = ch.close(200, "ok".into()).await;
+    h.cleanup().await;
+}
+
+/// A bucket deleted while the router runs is named by the check (found by
+/// the one-by-one survey after the batch's 404) and declared again.
+#[tokio::test]
+async fn a_deleted_bucket_is_named_and_declared_again() {
+    let h = Harness::new(&["1s"], EXTRA).await;
+    let path = write_config(&h.prefix, &["1s"], EXTRA);
+    let log = std::env::temp_dir().join(format!("{}.log", h.prefix));
+    let mut router = spawn_binary(&path, &log);
+    h.wait_consumers().await;
+    let bucket = format!("{}.bucket.1s", h.prefix);
+    assert_eq!(h.depth(&bucket).await, 0);
+    let ch = h.conn.create_channel().await.unwrap();
+    ch.queue_delete(
+        bucket.as_str().into(),
+        lapin::options::QueueDeleteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let _ = ch.close(200, "ok".into()).await;
+    let text = wait_for_log(&log, "topology repaired").await;
+    assert!(text.contains(&format!("queue {bucket}")), "{text}");
+    assert_eq!(h.depth(&bucket).await, 0);
+    router.kill_9();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&log);
+    h.cleanup().await;
+}

@@ -89,42 +89,51 @@ pub async fn rebind(conn: &Connection, t: &Topology) -> Result<(), BrokerError> 
 }
 
 /// The bindings between the router's exchanges and queues, and the removal
-/// of the binding that versions before the lanes made.
+/// of the binding that versions before the lanes made: sent at once, one
+/// round trip for all (a failure closes the channel and fails the ones
+/// sent behind it, so the first failure in order is the cause).
 async fn bindings(ch: &Channel, names: &Names) -> Result<(), BrokerError> {
     let none = FieldTable::default;
-    bind(ch, &names.ingress, &names.router_exchange, none()).await?;
-    bind(ch, &names.expired, &names.lanes_later, none()).await?;
-    bind(ch, &names.due, &names.lanes, due_binding()).await?;
-    timed(
-        &format!(
-            "exchange.bind {} to {}",
-            names.lanes, names.expired_exchange
+    let lanes_bind_what = format!(
+        "exchange.bind {} to {}",
+        names.lanes, names.expired_exchange
+    );
+    let old_unbind_what = format!(
+        "queue.unbind {} from {}",
+        names.expired, names.expired_exchange
+    );
+    let (ingress, expired, due, lanes, old) = futures_util::join!(
+        bind(ch, &names.ingress, &names.router_exchange, none()),
+        bind(ch, &names.expired, &names.lanes_later, none()),
+        bind(ch, &names.due, &names.lanes, due_binding()),
+        timed(
+            &lanes_bind_what,
+            RPC_TIMEOUT,
+            ch.exchange_bind(
+                names.lanes.clone(),
+                names.expired_exchange.clone(),
+                "".into(),
+                ExchangeBindOptions::default(),
+                none(),
+            ),
         ),
-        RPC_TIMEOUT,
-        ch.exchange_bind(
-            names.lanes.clone(),
-            names.expired_exchange.clone(),
-            "".into(),
-            ExchangeBindOptions::default(),
-            none(),
+        // Before the lanes: the expired queue straight on the exchange.
+        timed(
+            &old_unbind_what,
+            RPC_TIMEOUT,
+            ch.queue_unbind(
+                names.expired.clone(),
+                names.expired_exchange.clone(),
+                "".into(),
+                none(),
+            ),
         ),
-    )
-    .await?;
-    // Before the lanes: the expired queue straight on the exchange.
-    timed(
-        &format!(
-            "queue.unbind {} from {}",
-            names.expired, names.expired_exchange
-        ),
-        RPC_TIMEOUT,
-        ch.queue_unbind(
-            names.expired.clone(),
-            names.expired_exchange.clone(),
-            "".into(),
-            none(),
-        ),
-    )
-    .await?;
+    );
+    ingress?;
+    expired?;
+    due?;
+    lanes?;
+    old?;
     Ok(())
 }
 

@@ -2,8 +2,10 @@
 //! it runs (by an operator, a policy, a script). A classic bucket whose
 //! dead-letter exchange is missing drops what expires from it, and a missing
 //! router exchange refuses every publish, so the router checks its topology
-//! by passive declares at start and every `check_interval`, and repairs what
-//! is missing by declaring it again, logging each repair at ERROR.
+//! by passive declares at start and every `check_interval` (all sent at
+//! once, [`probe::all_present`]; one by one only when one is missing, to
+//! name it), and repairs what is missing by declaring it again, logging
+//! each repair at ERROR.
 //!
 //! Bindings cannot be checked passively; they are re-asserted at every check
 //! (binding is idempotent). Arguments cannot be checked passively either: a
@@ -15,7 +17,7 @@
 //! about twice the round trips (README, Performance).
 
 use super::stats::Stats;
-use crate::broker::probe::Prober;
+use crate::broker::probe::{self, Prober};
 use crate::broker::{BrokerError, declare};
 use crate::core::topology::{Names, Topology};
 use lapin::Connection;
@@ -36,6 +38,21 @@ pub async fn survey(
     stats: Option<&Stats>,
 ) -> Result<Vec<String>, BrokerError> {
     let names = &t.names;
+    let exchanges = names.own_exchanges();
+    let queues: Vec<&ShortString> = names
+        .own_queues()
+        .into_iter()
+        .chain(t.buckets.iter().map(|(q, _)| q))
+        .collect();
+    if let Some(infos) = probe::all_present(conn, &exchanges, &queues).await? {
+        if let Some(stats) = stats {
+            for (queue, info) in queues.iter().zip(&infos) {
+                record_depth(stats, names, queue, info.messages);
+            }
+        }
+        return Ok(Vec::new());
+    }
+    // Something is missing: one by one, to name it.
     let mut prober = Prober::new(conn);
     let mut gone = Vec::new();
     let found = async {
