@@ -23,7 +23,7 @@
 //! Where it is **carried out** — [`router`], the service: supervisor,
 //! session, pipelines, forwarding on the main and careful lanes, settling
 //! acks, pacing the publish connection's confirms (`pacer`), coalescing
-//! wake-ups at low rates (`coalesce`, opt-in), the janitor and the drift watch; its metrics and probes (`stats`,
+//! wake-ups at low rates (`coalesce`), the janitor and the drift watch; its metrics and probes (`stats`,
 //! `health`, `endpoint`) and the tombstones of cancelled messages.
 //!
 //! How it **talks to RabbitMQ** — [`broker`]: connect and close, declare,

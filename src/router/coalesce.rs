@@ -1,30 +1,36 @@
-//! Wake-up coalescing at low and moderate rates (`[amqp] coalesce`, 20 ms
+//! Wake-up coalescing at low and moderate rates (`[amqp] coalesce`, 100 ms
 //! unless set; `"0s"` turns it off).
 //!
 //! At a low steady rate every delivery wakes the router's thread on its own,
-//! and on a small virtual machine the wake-up (a context switch, cold
-//! caches) costs more than the work it does (README, CPU per message). So
-//! while deliveries come at a rate where a wake-up would find one or two of
-//! them, the thread, about to wait for the next socket event, sleeps first
-//! for `[amqp] coalesce`, or as long as [`batch`] deliveries take to come
-//! at the rate seen when that is shorter: deliveries, confirms and timers
-//! that come
-//! meanwhile wait in the kernel and are handled together after it, one
-//! wake-up for all. The wake-up, on caches gone cold, costs far more than
-//! the deliveries it handles, so the CPU an event falls as the tick grows
-//! (README, Performance: "The tick the setting asks for").
+//! and on a small virtual machine a wake-up costs far more than the work it
+//! does: on this project's 2-core machine a thread that sleeps, reads two
+//! sockets and writes two spends 105-127 µs of CPU a wake-up with no work of
+//! its own, and the router about 300-340 µs, against about 19 µs a delivery
+//! once awake (README, Performance: "What a wake-up costs"). So while
+//! deliveries come at a rate where a wake-up would find few of them, the
+//! thread, about to wait for the next socket event, sleeps first for a
+//! tick ([`tick_at`]): deliveries, confirms and timers that come meanwhile
+//! wait in the kernel and are handled together after it, one wake-up for
+//! all.
+//!
+//! The tick is the time [`BATCH`] deliveries take to come at
+//! [`GATHER_RATE`] deliveries a second or more (16 ms at 250 a second, 4 ms
+//! at 1,000: the lateness stays small where the rate is high), and longer
+//! below it, where a wake-up is a larger share of each delivery's cost:
+//! `BATCH × GATHER_RATE / rate` deliveries a tick (10 at 100 a second), up
+//! to `coalesce`.
 //!
 //! It never sleeps at full rate (more than [`MAX_RATE`] deliveries a
 //! second: the thread then parks only while it waits for the broker), below
-//! one delivery per `coalesce` (a sleep would add a wake-up rather than
-//! save one), nor idle: a sleep follows only a wake-up that handled a
-//! delivery, and the park after it lasts until the next socket event.
+//! one delivery per tick (a sleep would add a wake-up rather than save
+//! one), nor idle: a sleep follows only a wake-up that handled a delivery,
+//! and the park after it lasts until the next socket event.
 //!
 //! A sleep never runs past the earliest deadline of the deliveries the
 //! router holds itself (the cascade's last fraction, [`holding_for`]): a
 //! message whose last hop is a hold leaves on time. One that arrives due
-//! from a bucket may wait up to one tick more (the cascade makes up for it
-//! on every hop but the last).
+//! from a bucket may wait up to one tick more, and so may one read from the
+//! ingress (its delay counts from then).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -38,18 +44,22 @@ use std::time::{Duration, Instant};
 pub const MAX_RATE: f64 = 2000.0;
 /// The fewest deliveries a tick is sized to gather, at the rate seen.
 pub const BATCH: f64 = 4.0;
-/// Up to this rate of deliveries a second a tick of 20 ms or longer is
-/// slept whole (see [`batch`]).
-pub const FULL_TICK_RATE: f64 = 200.0;
+/// At and above this rate of deliveries a second a tick gathers [`BATCH`]
+/// deliveries; below it, more in proportion (see [`tick_at`]).
+pub const GATHER_RATE: f64 = 250.0;
 
-/// The deliveries a `tick` is sized to gather: [`BATCH`], or as many as
-/// come in the tick at [`FULL_TICK_RATE`] when that is more (4 under the
-/// default 20 ms, 16 under 80 ms). Above that rate a wake-up finds many
-/// deliveries anyway, and the lateness buys less: the tick shrinks in
-/// proportion (a fifth at 1,000 a second).
-pub fn batch(tick: Duration) -> f64 {
-    BATCH.max(tick.as_secs_f64() * FULL_TICK_RATE)
+/// The tick at `rate` deliveries a second, at most `cap`: the time
+/// `BATCH × max(1, GATHER_RATE / rate)` deliveries take to come. At 100 a
+/// second that is 10 deliveries in 100 ms, at 150 about 7 in 44 ms, at 250
+/// or more 4 (16 ms at 250, 4 ms at 1,000). `rate` must be positive.
+pub fn tick_at(rate: f64, cap: Duration) -> Duration {
+    let gather = BATCH * (GATHER_RATE / rate).max(1.0);
+    Duration::try_from_secs_f64(gather / rate).map_or(cap, |t| t.min(cap))
 }
+
+/// A sleep that gathers deliveries at more than this many times the rate
+/// seen sets the rate at once (see [`Coalescer::before_park`]).
+pub const ATTACK: f64 = 1.5;
 
 /// How long the rate is counted over before it is reconsidered.
 pub const WINDOW: Duration = Duration::from_millis(250);
@@ -128,6 +138,8 @@ pub struct Coalescer {
     window_base: u64,
     rate: f64,
     last_seen: u64,
+    /// When the last sleep began and the count then, until the next park.
+    slept: Option<(Instant, u64)>,
 }
 
 impl Coalescer {
@@ -139,6 +151,7 @@ impl Coalescer {
             window_base: count,
             rate: 0.0,
             last_seen: count,
+            slept: None,
         }
     }
 
@@ -157,6 +170,21 @@ impl Coalescer {
             self.window_start = now;
             self.window_base = count;
         }
+        // A sleep that gathered far more than the rate said, at a rate where
+        // ticks are short: the rate rose (a burst after a quiet spell).
+        // Count it from the sleep's start at once, rather than sleep long
+        // ticks until the window shows it. Below [`GATHER_RATE`] the ticks
+        // are long anyway, and a stall's backlog is no reason to shorten them.
+        if let Some((since, base)) = self.slept.take() {
+            let took = now.saturating_duration_since(since).as_secs_f64();
+            let seen = count.saturating_sub(base) as f64;
+            let rate = if took > 0.0 { seen / took } else { 0.0 };
+            if rate > ATTACK * self.rate && rate >= GATHER_RATE {
+                self.rate = rate;
+                self.window_start = since;
+                self.window_base = base;
+            }
+        }
         let fresh = count != self.last_seen;
         self.last_seen = count;
         // At least one delivery a tick on average, and below full rate.
@@ -164,14 +192,16 @@ impl Coalescer {
         if !(fresh && worth) {
             return None;
         }
-        let sleep = self
-            .tick
-            .min(Duration::from_secs_f64(batch(self.tick) / self.rate));
-        match next_hold.map(|at| at.saturating_duration_since(now)) {
+        let sleep = tick_at(self.rate, self.tick);
+        let sleep = match next_hold.map(|at| at.saturating_duration_since(now)) {
             // Cut short by a hold: not worth a wake-up under MIN_SLEEP.
             Some(room) if room < sleep => (room >= MIN_SLEEP).then_some(room),
             _ => Some(sleep),
+        };
+        if sleep.is_some() {
+            self.slept = Some((now, count));
         }
+        sleep
     }
 }
 
@@ -242,20 +272,79 @@ mod tests {
     }
 
     #[test]
-    fn a_longer_tick_is_slept_whole_up_to_the_full_tick_rate() {
-        // 100 a second under an 80 ms tick: 8 a tick, all of it slept.
+    fn a_long_tick_is_slept_whole_at_low_rates_only() {
+        // 100 a second under the default 100 ms: 10 a tick, all of it slept.
         let t0 = Instant::now();
-        let mut c = Coalescer::new(80 * MS, t0, 0);
+        let mut c = Coalescer::new(100 * MS, t0, 0);
         stream(&mut c, t0, 0, 100, 10 * MS);
-        assert_eq!(c.before_park(t0 + 1010 * MS, 101, None), Some(80 * MS));
-        // 800 a second: a quarter of it (16 deliveries take 20 ms).
-        let mut d = Coalescer::new(80 * MS, t0, 0);
-        let step = Duration::from_micros(1250);
-        for i in 1..=400u32 {
-            d.before_park(t0 + step * i, u64::from(i), None);
+        assert_eq!(c.before_park(t0 + 1010 * MS, 101, None), Some(100 * MS));
+        // 800 a second: the time 4 deliveries take (5 ms), as under 20 ms.
+        for cap in [20 * MS, 100 * MS] {
+            let mut d = Coalescer::new(cap, t0, 0);
+            let step = Duration::from_micros(1250);
+            for i in 1..=400u32 {
+                d.before_park(t0 + step * i, u64::from(i), None);
+            }
+            let tick = d.before_park(t0 + step * 401, 401, None).unwrap();
+            assert!(tick >= 4 * MS && tick <= 6 * MS, "{cap:?}: {tick:?}");
         }
-        let tick = d.before_park(t0 + step * 401, 401, None).unwrap();
-        assert!(tick >= 18 * MS && tick <= 22 * MS, "{tick:?}");
+    }
+
+    #[test]
+    fn the_tick_grows_as_the_rate_falls_below_the_gather_rate() {
+        let ms = |rate: f64| tick_at(rate, Duration::from_secs(1)).as_secs_f64() * 1e3;
+        // 4 deliveries at 250 a second or more.
+        assert!((ms(250.0) - 16.0).abs() < 0.01);
+        assert!((ms(1000.0) - 4.0).abs() < 0.01);
+        // Below: more deliveries a tick as the rate falls.
+        assert!((ms(200.0) - 25.0).abs() < 0.01);
+        assert!((ms(100.0) - 100.0).abs() < 0.01);
+        assert!((ms(50.0) - 400.0).abs() < 0.01);
+        // Never past the cap; a 20 ms cap keeps the old default's ticks.
+        assert_eq!(tick_at(50.0, 100 * MS), 100 * MS);
+        assert_eq!(tick_at(100.0, 20 * MS), 20 * MS);
+        assert!((tick_at(400.0, 20 * MS).as_secs_f64() * 1e3 - 10.0).abs() < 0.01);
+        // Continuous, and never longer at a higher rate.
+        let mut last = f64::INFINITY;
+        for r in 10..=3000 {
+            let t = ms(f64::from(r));
+            assert!(t <= last, "{r}");
+            last = t;
+        }
+        // Absurd rates fall back on the cap rather than panic.
+        assert_eq!(tick_at(f64::MIN_POSITIVE, 100 * MS), 100 * MS);
+        assert_eq!(tick_at(f64::INFINITY, 100 * MS), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_burst_after_a_slow_spell_shortens_the_tick_after_one_sleep() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(100 * MS, t0, 0);
+        // 20 a second for a second: the window says 20, the tick is 100 ms.
+        let mut n = 0;
+        let mut at = t0;
+        for _ in 0..20 {
+            at += 50 * MS;
+            n += 1;
+            c.before_park(at, n, None);
+        }
+        at += 50 * MS;
+        n += 1;
+        assert_eq!(c.before_park(at, n, None), Some(100 * MS));
+        // Then 500 a second: the 100 ms sleep gathers 50, and the next tick
+        // is the time 4 take (8 ms), not another 100 ms.
+        at += 100 * MS;
+        n += 50;
+        let tick = c.before_park(at, n, None).unwrap();
+        assert!(tick >= 7 * MS && tick <= 9 * MS, "{tick:?}");
+        // A steady rate's usual spread does not move it (10 a tick at 100 a
+        // second, then 13), nor a backlog below the gather rate (20).
+        let mut d = Coalescer::new(100 * MS, t0, 0);
+        stream(&mut d, t0, 0, 100, 10 * MS);
+        let now = t0 + 1010 * MS;
+        assert_eq!(d.before_park(now, 101, None), Some(100 * MS));
+        assert_eq!(d.before_park(now + 100 * MS, 114, None), Some(100 * MS));
+        assert_eq!(d.before_park(now + 200 * MS, 134, None), Some(100 * MS));
     }
 
     #[test]
