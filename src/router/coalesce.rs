@@ -4,7 +4,7 @@
 //! At a low steady rate every delivery wakes the router's thread on its own,
 //! and on a small virtual machine a wake-up costs far more than the work it
 //! does: on this project's 2-core machine a thread that sleeps, reads two
-//! sockets and writes two spends 105-127 µs of CPU a wake-up with no work of
+//! sockets and writes two spends 105-160 µs of CPU a wake-up with no work of
 //! its own, and the router about 300-340 µs, against about 19 µs a delivery
 //! once awake (README, Performance: "What a wake-up costs"). So while
 //! deliveries come at a rate where a wake-up would find few of them, the
@@ -18,7 +18,13 @@
 //! at 1,000: the lateness stays small where the rate is high), and longer
 //! below it, where a wake-up is a larger share of each delivery's cost:
 //! `BATCH × GATHER_RATE / rate` deliveries a tick (10 at 100 a second), up
-//! to `coalesce`.
+//! to `coalesce`. The rate is counted over [`WINDOW`], except that a sleep
+//! which gathers deliveries at [`GATHER_RATE`] or more, and at more than
+//! [`ATTACK`] times the rate counted, sets it at once: a burst after a
+//! quiet spell gets short ticks after one sleep. And the first tick after
+//! a quiet spell is at most [`FIRST_TICK`], each one after it at most twice
+//! the one before: the rate a quiet spell leaves counted says nothing of
+//! the burst that ends it.
 //!
 //! It never sleeps at full rate (more than [`MAX_RATE`] deliveries a
 //! second: the thread then parks only while it waits for the broker), below
@@ -56,6 +62,11 @@ pub fn tick_at(rate: f64, cap: Duration) -> Duration {
     let gather = BATCH * (GATHER_RATE / rate).max(1.0);
     Duration::try_from_secs_f64(gather / rate).map_or(cap, |t| t.min(cap))
 }
+
+/// The longest first tick after a quiet spell (no sleep for a [`WINDOW`]),
+/// while the rate counted may be stale: the ticks after it double up to
+/// the one the rate asks for.
+pub const FIRST_TICK: Duration = Duration::from_millis(20);
 
 /// A sleep that gathers deliveries at more than this many times the rate
 /// seen sets the rate at once (see [`Coalescer::before_park`]).
@@ -140,6 +151,8 @@ pub struct Coalescer {
     last_seen: u64,
     /// When the last sleep began and the count then, until the next park.
     slept: Option<(Instant, u64)>,
+    /// When the last sleep ended (or will) and the tick it was sized to.
+    last_sleep: Option<(Instant, Duration)>,
 }
 
 impl Coalescer {
@@ -152,6 +165,7 @@ impl Coalescer {
             rate: 0.0,
             last_seen: count,
             slept: None,
+            last_sleep: None,
         }
     }
 
@@ -192,14 +206,23 @@ impl Coalescer {
         if !(fresh && worth) {
             return None;
         }
-        let sleep = tick_at(self.rate, self.tick);
+        // After a quiet spell the rate counted is stale: the first tick is
+        // short, and each one after it at most twice the one before.
+        let sleep = match self.last_sleep {
+            Some((ended, before)) if now.saturating_duration_since(ended) < WINDOW => {
+                tick_at(self.rate, self.tick).min(before * 2)
+            }
+            _ => tick_at(self.rate, self.tick).min(FIRST_TICK),
+        };
+        let sized = sleep;
         let sleep = match next_hold.map(|at| at.saturating_duration_since(now)) {
             // Cut short by a hold: not worth a wake-up under MIN_SLEEP.
             Some(room) if room < sleep => (room >= MIN_SLEEP).then_some(room),
             _ => Some(sleep),
         };
-        if sleep.is_some() {
+        if let Some(d) = sleep {
             self.slept = Some((now, count));
+            self.last_sleep = Some((now + d, sized));
         }
         sleep
     }
@@ -345,6 +368,33 @@ mod tests {
         assert_eq!(d.before_park(now, 101, None), Some(100 * MS));
         assert_eq!(d.before_park(now + 100 * MS, 114, None), Some(100 * MS));
         assert_eq!(d.before_park(now + 200 * MS, 134, None), Some(100 * MS));
+    }
+
+    #[test]
+    fn after_a_quiet_spell_the_ticks_start_short_and_double() {
+        let t0 = Instant::now();
+        let mut c = Coalescer::new(100 * MS, t0, 0);
+        // 50 a second for a second (100 ms ticks).
+        stream(&mut c, t0, 0, 50, 20 * MS);
+        let mut at = t0 + 1020 * MS;
+        assert_eq!(c.before_park(at, 51, None), Some(100 * MS));
+        // A second with nothing to wake for, then 15 at once and 50 a
+        // second after them: the window counted over the quiet second says
+        // about 12 a second (a 100 ms tick), stale; the ticks start at 20 ms
+        // and double.
+        at += 1000 * MS;
+        let mut n = 66;
+        let mut got = vec![c.before_park(at, n, None)];
+        for _ in 0..4 {
+            at += 20 * MS;
+            n += 1;
+            got.push(c.before_park(at, n, None));
+        }
+        let want: Vec<_> = [20, 40, 80, 100, 100]
+            .iter()
+            .map(|ms: &u32| Some(*ms * MS))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

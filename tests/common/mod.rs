@@ -377,6 +377,26 @@ impl Harness {
         assert!(c.is_ack());
     }
 
+    /// Publishes to the router exchange without waiting: the confirm, to
+    /// await later (a publisher that must keep a pace).
+    pub async fn publish_unawaited(
+        &self,
+        routing_key: &str,
+        props: BasicProperties,
+        body: &[u8],
+    ) -> lapin::PublisherConfirm {
+        self.ch
+            .basic_publish(
+                self.names.router_exchange.clone(),
+                routing_key.into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+    }
+
     /// Receives `n` messages from `queue` (auto-ack), each with its arrival time,
     /// failing after `within`.
     pub async fn receive(
