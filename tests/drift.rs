@@ -171,7 +171,12 @@ async fn the_survey_probes_everything_at_once_and_a_missing_name_falls_back() {
     for i in 0..40 {
         queues.push(h.queue(&format!("q{i}")).await);
     }
+    // Confirm mode: each confirm means the message is in the queue, so the
+    // depth the survey reads on its own channel is 3, not a race.
     let ch = h.conn.create_channel().await.unwrap();
+    ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
     for i in 0..3 {
         ch.basic_publish(
             "".into(),
