@@ -152,12 +152,14 @@ async fn a_cancel_request_without_an_id_is_parked_with_a_reason() {
             "{reason}"
         );
     }
+    let file = write_config(&h.prefix, &LADDER, "");
     let out = std::process::Command::new(BIN)
         .args(["cancel", "--config"])
-        .arg(write_config(&h.prefix, &LADDER, ""))
+        .arg(&file)
         .arg("")
         .output()
         .unwrap();
+    std::fs::remove_file(file).ok();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("message-id must not be empty"));
     let _ = h.stop_router().await;

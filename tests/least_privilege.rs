@@ -218,4 +218,5 @@ async fn the_whole_router_runs_as_a_least_privilege_user() {
     let _ = pub_conn.close(200, "done".into()).await;
     h.cleanup().await;
     std::fs::remove_file(&log).unwrap();
+    std::fs::remove_file(&path).unwrap();
 }
