@@ -30,6 +30,10 @@
 //! BENCH_BASELINE=/path/to/another/delay-router adds that binary to every
 //! round (same broker, same run), to compare two builds of the router;
 //! BENCH_BIN=/path/to/delay-router replaces the one `cargo bench` built.
+//! BENCH_PREFETCH and BENCH_BASELINE_PREFETCH set `amqp.prefetch` for the
+//! router and for the baseline, BENCH_SHARDS and BENCH_BASELINE_SHARDS
+//! `topology.bucket_shards` (each its binary's default unless set); a
+//! router's drain counts every queue of the bucket's rung.
 //!
 //! Every round also runs the floor (benches/floor): lapin alone moving the
 //! same messages between two queues as the router moves them (two
@@ -182,12 +186,21 @@ struct Drain {
 }
 
 /// Polls `dst` until it holds `n`.
-async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>, broker: u32) -> Drain {
+async fn drain_rate(
+    conn: &Connection,
+    dst: &[String],
+    n: u32,
+    pid: Option<u32>,
+    broker: u32,
+) -> Drain {
     let start = Instant::now();
     let mut first: Option<(Instant, u32, u64)> = None;
     let (mut switches_before, mut broker_before, mut system_before) = (0, 0, 0);
     loop {
-        let d = depth(conn, dst).await;
+        let mut d = 0;
+        for q in dst {
+            d += depth(conn, q).await;
+        }
         let now = Instant::now();
         if first.is_none() && d > 0 {
             first = Some((now, d, pid.map_or(0, |p| procfs::cpu_and_rss(p).0)));
@@ -223,7 +236,7 @@ async fn drain_rate(conn: &Connection, dst: &str, n: u32, pid: Option<u32>, brok
         }
         assert!(
             start.elapsed() < Duration::from_secs(600),
-            "{dst} stuck at {d}"
+            "{dst:?} stuck at {d}"
         );
         tokio::time::sleep(POLL).await;
     }
@@ -241,17 +254,34 @@ async fn delete_queues(ch: &Channel, queues: &[String]) {
     }
 }
 
-async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path, broker: u32) -> Drain {
+async fn router_round(
+    conn: &Connection,
+    n: usize,
+    binary: &std::path::Path,
+    broker: u32,
+    prefetch_key: &str,
+    shards_key: &str,
+) -> Drain {
     let prefix = prefix();
-    let prefetch = std::env::var("BENCH_PREFETCH")
+    let prefetch = std::env::var(prefetch_key)
         .map(|p| format!("prefetch = \"{p}\"\n"))
         .unwrap_or_default();
+    let shards = std::env::var(shards_key)
+        .map(|s| format!("bucket_shards = \"{s}\"\n"))
+        .unwrap_or_default();
+    // BENCH_COALESCE (the router) and BENCH_BASELINE_COALESCE: `amqp.coalesce`.
+    let coalesce = std::env::var(prefetch_key.replace("PREFETCH", "COALESCE"))
+        .map(|c| format!("coalesce = \"{c}\"\n"))
+        .unwrap_or_default();
+    let prefetch = format!("{prefetch}{coalesce}");
     let qt = queue_type();
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n[[bucket]]\nttl = \"1h\"\n"
+        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n{shards}[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest").with_queue_type(qt);
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest")
+        .with_bucket_shards(config.bucket_shards)
+        .with_queue_type(qt);
     let names = rules.names.clone();
     broker::declare::declare(conn, &rules.topology())
         .await
@@ -266,7 +296,16 @@ async fn router_round(conn: &Connection, n: usize, binary: &std::path::Path, bro
     let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
         panic!("a 30m delay waits in a bucket")
     };
-    let bucket = queue.to_string();
+    // Every queue of that bucket's rung (its shards): the router spreads
+    // its placements over them.
+    let shard = format!("{queue}.");
+    let bucket: Vec<String> = rules
+        .topology()
+        .bucket_names()
+        .into_iter()
+        .filter(|q| *q == queue || q.as_str().starts_with(&shard))
+        .map(|q| q.to_string())
+        .collect();
     // The shipped binary, in its own process, as users run it.
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
     std::fs::write(&path, &text).unwrap();
@@ -348,7 +387,7 @@ async fn shovel_round(conn: &Connection, n: usize, broker: u32, same_queues: boo
             rabbitmqctl(&["set_parameter", "-q", "shovel", &name, &definition])
         })
     };
-    let drain = drain_rate(conn, &dst, n as u32, None, broker).await;
+    let drain = drain_rate(conn, std::slice::from_ref(&dst), n as u32, None, broker).await;
     setter.await.unwrap();
     rabbitmqctl(&["clear_parameter", "-q", "shovel", &name]);
     match rules {
@@ -427,7 +466,7 @@ async fn floor_round(conn: &Connection, n: usize, broker: u32) -> Drain {
         .expect("the floor forwarder");
     let mut guard = KillOnDrop(Some(child));
     let pid = guard.0.as_ref().map(std::process::Child::id);
-    let drain = drain_rate(conn, &bucket, n as u32, pid, broker).await;
+    let drain = drain_rate(conn, std::slice::from_ref(&bucket), n as u32, pid, broker).await;
     let mut child = guard.0.take().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -543,7 +582,7 @@ fn main() {
                         s = d.rate;
                     }
                     Contender::Router(bin) => {
-                        let d = router_round(&conn, n, &bin, broker).await;
+                        let d = router_round(&conn, n, &bin, broker, "BENCH_PREFETCH", "BENCH_SHARDS").await;
                         println!("round {round}: router CPU {:.1} µs/msg ({:.0} % in the kernel), {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, 100.0 * d.system_share, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         router_system.push(100.0 * d.system_share);
                         broker_router.push(d.broker_us_per_msg);
@@ -554,7 +593,7 @@ fn main() {
                         r = d.rate;
                     }
                     Contender::Baseline(bin) => {
-                        let d = router_round(&conn, n, &bin, broker).await;
+                        let d = router_round(&conn, n, &bin, broker, "BENCH_BASELINE_PREFETCH", "BENCH_BASELINE_SHARDS").await;
                         println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         b = Some(d.rate);
                     }

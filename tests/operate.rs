@@ -13,7 +13,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 fn metrics_extra(port: u16) -> String {
-    format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\ncheck_interval = \"200ms\"\n")
+    // One queue a rung: the tests read one bucket's depth.
+    format!(
+        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\ncheck_interval = \"200ms\"\nbucket_shards = \"1\"\n"
+    )
 }
 
 async fn until_scraped(

@@ -11,6 +11,13 @@ use lapin::types::{AMQPValue, FieldTable};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// These tests read which rung's queue a message waits in: one queue a rung
+/// (the shards of a rung: tests/shards.rs).
+const ONE_QUEUE_CASCADE: &str =
+    "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"cascade\"";
+const ONE_QUEUE_ROUND_UP: &str =
+    "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"round-up\"";
+
 /// Publishes one message per delay (ms) to `queue` via the router; returns send times by id.
 async fn send(h: &Harness, queue: &str, delays: &[u64]) -> BTreeMap<usize, (Instant, u64)> {
     let mut sent = BTreeMap::new();
@@ -84,7 +91,7 @@ async fn cascade_delivers_within_milliseconds_and_never_early() {
 /// smallest rung one after another).
 #[tokio::test]
 async fn cascade_fills_what_is_under_the_second_rung_with_one_grid_rung() {
-    let mut h = Harness::new(&["3s", "6s"], "[placement]\nstrategy = \"cascade\"").await;
+    let mut h = Harness::new(&["3s", "6s"], ONE_QUEUE_CASCADE).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let bucket = |ttl: &str| format!("{}.bucket.{ttl}", h.prefix);
@@ -121,7 +128,7 @@ async fn quorum_buckets_hold_several_laps_of_a_rung() {
 async fn several_laps_in_one_bucket(queue_type: &str) {
     let port = free_port();
     let extra = format!(
-        "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\n"
+        "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\nbucket_shards = \"1\"\n"
     );
     let mut h = Harness::new(&["1s", "4s"], &extra).await;
     h.start_router().await;
@@ -185,7 +192,7 @@ async fn priority_is_never_early_and_late_by_at_most_its_bucket() {
 
 #[tokio::test]
 async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_buckets() {
-    let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"round-up\"").await;
+    let mut h = Harness::new(&["1s", "2s", "5s"], ONE_QUEUE_ROUND_UP).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let delays: Vec<u64> = (0..30).map(|i| 3_000 + i * 50).collect();
@@ -197,8 +204,11 @@ async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_bucke
         30,
         "all wait in the round-up 5s bucket"
     );
-    h.restart_with(&["1s", "2s", "5s"], "[placement]\nstrategy = \"priority\"")
-        .await;
+    h.restart_with(
+        &["1s", "2s", "5s"],
+        "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"priority\"",
+    )
+    .await;
     lateness(&h, &q, &sent, Duration::from_secs(30)).await;
     // Emptied buckets of the old strategy are removed (classic) or left
     // for the operator (quorum).
@@ -214,7 +224,7 @@ async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_bucke
 
 #[tokio::test]
 async fn removing_a_rung_while_messages_wait_loses_none() {
-    let mut h = Harness::new(&["1s", "2s", "5s"], "[placement]\nstrategy = \"cascade\"").await;
+    let mut h = Harness::new(&["1s", "2s", "5s"], ONE_QUEUE_CASCADE).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     // Ten in the 5s bucket, ten in 15s (three laps of 5s, which the new
@@ -228,8 +238,7 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(h.depth(&removed).await, 10);
     assert_eq!(h.depth(&multiple).await, 10);
-    h.restart_with(&["1s", "2s"], "[placement]\nstrategy = \"cascade\"")
-        .await;
+    h.restart_with(&["1s", "2s"], ONE_QUEUE_CASCADE).await;
     let late = lateness(&h, &q, &sent, Duration::from_secs(40)).await;
     assert_eq!(late.len(), 20);
     h.wait_retired(&[&removed, &multiple], Duration::from_secs(30))

@@ -99,7 +99,7 @@ pub fn plans() -> &'static [Named] {
                     Rules::new(&ladder, s, &prefix, ROUTER_USER).with_policies(policies.clone());
                 let buckets = rules
                     .names
-                    .bucket_queues(rules.strategy, &rules.ladder)
+                    .bucket_queues(rules.strategy, &rules.ladder, rules.bucket_shards())
                     .into_iter()
                     .map(|(q, r)| (q, r.ttl))
                     .collect();

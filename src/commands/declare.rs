@@ -27,9 +27,10 @@ pub async fn declare(config: &Config) -> Result<String, BrokerError> {
     broker::declare::warn_unversioned(&declared?);
     let names = &rules.names;
     Ok(format!(
-        "declared {} {} buckets, {}, {}, {}, {} and {} on {}",
+        "declared {} {} buckets ({} queues a rung), {}, {}, {}, {} and {} on {}",
         rules.ladder.rungs().len(),
         rules.queue_type,
+        rules.bucket_shards(),
         names.router_exchange,
         names.ingress,
         names.expired,

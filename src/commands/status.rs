@@ -43,10 +43,17 @@ pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
         Ok(info) => info.to_string(),
         Err(e) => format!("unknown ({e})"),
     };
-    let rules = Rules::from_config(config);
+    let mut rules = Rules::from_config(config);
+    // Under `queue_type = "auto"` the queues a rung has depend on the type
+    // the prefix's queues have.
+    if config.queue_type == QueueTypeSetting::Auto
+        && let Ok(Some(t)) = broker::declare::existing_queue_type(&conn, &rules.names).await
+    {
+        rules = rules.with_queue_type(t);
+    }
     let names = &rules.names;
     let mut queues: Vec<(String, ShortString)> = names
-        .bucket_queues(rules.strategy, &rules.ladder)
+        .bucket_queues(rules.strategy, &rules.ladder, rules.bucket_shards())
         .into_iter()
         .map(|(q, rung)| (format!("bucket {}", rung.label), q))
         .collect();

@@ -107,6 +107,7 @@ struct RawTopology {
     queue_type: Option<String>,
     classic_queue_version: Option<String>,
     check_interval: Option<String>,
+    bucket_shards: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -148,6 +149,9 @@ pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::from_mill
 /// more at each hop.
 pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The most queues a rung may have (`[topology] bucket_shards`).
+pub const MAX_BUCKET_SHARDS: u8 = 16;
+
 /// Default period of the topology check (passive declares, repair on drift).
 pub const DEFAULT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -184,6 +188,9 @@ pub struct Config {
     /// `[topology] classic_queue_version`: `x-queue-version` of every classic
     /// queue the router declares; `None` declares none (the broker's default).
     pub classic_queue_version: Option<u8>,
+    /// `[topology] bucket_shards`: queues per rung; `None`: the queue type's
+    /// default ([`crate::core::topology::default_bucket_shards`]).
+    pub bucket_shards: Option<u8>,
     pub ladder: Ladder,
     /// Retry policies, first match wins.
     pub policies: Vec<Policy>,
@@ -377,6 +384,22 @@ impl Config {
                 Some(version)
             }
         };
+        let bucket_shards = match raw.topology.bucket_shards {
+            None => None,
+            Some(v) => Some(
+                v.trim()
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|n| (1..=MAX_BUCKET_SHARDS).contains(n))
+                    .ok_or_else(|| {
+                        invalid(
+                            "topology.bucket_shards",
+                            &v,
+                            format!("expected a whole number from 1 to {MAX_BUCKET_SHARDS}"),
+                        )
+                    })?,
+            ),
+        };
         // `priority` with quorum buckets depends on the broker's version: the
         // router judges it once connected (core::compat).
         let rungs = raw
@@ -463,6 +486,7 @@ impl Config {
             transit_format,
             queue_type,
             classic_queue_version,
+            bucket_shards,
             ladder,
             policies,
             allow_destinations,

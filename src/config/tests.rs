@@ -326,3 +326,34 @@ fn coalesce_accepts_zero_and_up_to_100ms() {
     assert_eq!(with("5ms"), Duration::from_millis(5));
     assert_eq!(with("100ms"), MAX_COALESCE);
 }
+
+#[test]
+fn bucket_shards_follow_the_queue_type_unless_configured() {
+    use crate::core::decision::Rules;
+    use crate::core::topology::QueueType;
+    let one = "[[bucket]]\nttl = \"1s\"\n";
+    let unset = Config::from_toml(one).unwrap();
+    assert_eq!(unset.bucket_shards, None);
+    let rules = Rules::from_config(&unset);
+    assert_eq!(rules.bucket_shards(), 1, "auto: quorum for a new prefix");
+    assert_eq!(
+        rules
+            .clone()
+            .with_queue_type(QueueType::Classic)
+            .bucket_shards(),
+        2
+    );
+    let three = Config::from_toml(&format!("[topology]\nbucket_shards = 3\n{one}")).unwrap();
+    assert_eq!(three.bucket_shards, Some(3));
+    let rules = Rules::from_config(&three).with_queue_type(QueueType::Classic);
+    assert_eq!(rules.bucket_shards(), 3);
+    assert_eq!(
+        rules.topology().bucket_names().len(),
+        3 * rules.ladder.rungs().len()
+    );
+    let e = err("[topology]\nbucket_shards = 0\n[[bucket]]\nttl = \"1s\"");
+    assert!(
+        e.starts_with("topology.bucket_shards = \"0\": expected a whole number from 1 to 16"),
+        "{e}"
+    );
+}

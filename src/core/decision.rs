@@ -90,7 +90,8 @@ pub struct Context {
     pub now_ms: i64,
     /// The clock rounded up: deadlines are stamped from it.
     pub stamp_ms: i64,
-    /// A random number in `[0, 1)`, for retry jitter.
+    /// A random number in `[0, 1)`, for retry jitter and the choice of a
+    /// rung's queue.
     pub unit: f64,
     /// The publishing connection's negotiated frame size.
     pub frame_max: u32,
@@ -126,11 +127,13 @@ pub struct Rules {
     pub due_within: Duration,
     /// How transit is written into bucket messages (`[placement] transit_format`).
     pub transit_format: TransitFormat,
-    /// Each rung's bucket queue name, made once by [`Rules::new`] from the
-    /// three fields above it (a `format!` per placement cost about 950
-    /// instructions); `ladder`, `strategy` and `names` are read, never
-    /// changed after it.
-    bucket_queues: Vec<ShortString>,
+    /// `[topology] bucket_shards`; `None`: the queue type's default.
+    bucket_shards: Option<u8>,
+    /// Each rung's bucket queue names, shard 0 first, made by [`Rules::new`]
+    /// and again when the queue type or the shards change (a `format!` per
+    /// placement cost about 950 instructions); `ladder`, `strategy` and
+    /// `names` are read, never changed after it.
+    bucket_queues: Vec<Vec<ShortString>>,
 }
 
 impl Rules {
@@ -143,12 +146,7 @@ impl Rules {
     ) -> Self {
         let ladder = placement::effective_ladder(strategy, ladder);
         let names = Names::new(prefix);
-        let bucket_queues = ladder
-            .rungs()
-            .iter()
-            .map(|r| names.bucket(strategy, r))
-            .collect();
-        Self {
+        let mut rules = Self {
             ladder,
             strategy,
             names,
@@ -160,8 +158,40 @@ impl Rules {
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
             transit_format: TransitFormat::default(),
-            bucket_queues,
-        }
+            bucket_shards: None,
+            bucket_queues: Vec::new(),
+        };
+        rules.name_buckets();
+        rules
+    }
+
+    /// Queues a rung has: `[topology] bucket_shards`, else the queue
+    /// type's default ([`topology::default_bucket_shards`]).
+    pub fn bucket_shards(&self) -> u8 {
+        self.bucket_shards
+            .unwrap_or_else(|| topology::default_bucket_shards(self.queue_type))
+            .max(1)
+    }
+
+    fn name_buckets(&mut self) {
+        let shards = self.bucket_shards();
+        self.bucket_queues = self
+            .ladder
+            .rungs()
+            .iter()
+            .map(|r| {
+                (0..shards)
+                    .map(|s| self.names.bucket_shard(self.strategy, r, s))
+                    .collect()
+            })
+            .collect();
+    }
+
+    /// The same rules with `shards` queues a rung (`None`: the queue type's default).
+    pub fn with_bucket_shards(mut self, shards: Option<u8>) -> Self {
+        self.bucket_shards = shards;
+        self.name_buckets();
+        self
     }
 
     /// The same rules writing transit in `format`.
@@ -189,9 +219,11 @@ impl Rules {
         self
     }
 
-    /// The same rules declaring queues of `queue_type`.
+    /// The same rules declaring queues of `queue_type` (and, unless
+    /// configured, its number of queues a rung).
     pub fn with_queue_type(mut self, queue_type: QueueType) -> Self {
         self.queue_type = queue_type;
+        self.name_buckets();
         self
     }
 
@@ -221,6 +253,7 @@ impl Rules {
             config.url.username(),
         )
         .with_policies(config.policies.clone())
+        .with_bucket_shards(config.bucket_shards)
         .with_queue_type(config.queue_type.fixed().unwrap_or(QueueType::Quorum))
         .with_classic_version(config.classic_queue_version)
         .with_allow_list(config.allow_destinations.clone())
@@ -231,9 +264,15 @@ impl Rules {
 
     /// What these rules declare.
     pub fn topology(&self) -> Topology {
-        Topology::new(&self.names, self.strategy, self.queue_type, &self.ladder)
-            .with_cancel_keep(self.cancel_keep)
-            .with_classic_version(self.classic_version)
+        Topology::new(
+            &self.names,
+            self.strategy,
+            self.queue_type,
+            &self.ladder,
+            self.bucket_shards(),
+        )
+        .with_cancel_keep(self.cancel_keep)
+        .with_classic_version(self.classic_version)
     }
 
     /// The whole plan for one delivery (see the module documentation).
@@ -278,7 +317,7 @@ impl Rules {
                 let action = if cx.cancelled {
                     cancelled(&props, cx.now_ms)
                 } else {
-                    self.expired_holding(&props, cx.now_ms, cx.hold_up_to)
+                    self.expired_holding(&props, cx.now_ms, cx.hold_up_to, cx.unit)
                 };
                 let sender = || envelope::sender_properties(&props);
                 self.within_frame(action, sender, cx.now_ms, cx.frame_max)
@@ -323,7 +362,8 @@ impl Rules {
         })
     }
 
-    /// Places a message with `transit` in a bucket, or delivers it when due.
+    /// Places a message with `transit` in a bucket (the rung's queue that
+    /// `unit`, in `[0, 1)`, picks among its shards), or delivers it when due.
     fn schedule(
         &self,
         p: &BasicProperties,
@@ -331,6 +371,7 @@ impl Rules {
         now_ms: i64,
         entering: bool,
         hold_up_to: Duration,
+        unit: f64,
     ) -> Action {
         let remaining = Duration::from_millis(
             u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
@@ -356,9 +397,15 @@ impl Rules {
             }) => {
                 // The hops come from headers a sender could have written.
                 transit.hops = transit.hops.saturating_add(1);
-                let queue = self.bucket_queues[rung].clone();
+                let shards = &self.bucket_queues[rung];
+                // `as` saturates: a unit out of range still names a shard.
+                let shard = ((unit * shards.len() as f64) as usize).min(shards.len() - 1);
+                let queue = shards[shard].clone();
                 let rung = &self.ladder.rungs()[rung];
-                debug_assert_eq!(queue, self.names.bucket(self.strategy, rung));
+                debug_assert_eq!(
+                    queue,
+                    self.names.bucket_shard(self.strategy, rung, shard as u8)
+                );
                 let ttl = rung.ttl;
                 let o = Overrides {
                     expiration,
@@ -382,14 +429,20 @@ impl Rules {
 
     /// A message a bucket dead-lettered into the router's expired queue.
     pub fn on_expired(&self, p: &BasicProperties, now_ms: i64) -> Action {
-        self.expired_holding(p, now_ms, placement::HOLD_BELOW)
+        self.expired_holding(p, now_ms, placement::HOLD_BELOW, 0.0)
     }
 
     /// [`Rules::on_expired`], timing what is left below `hold_up_to` itself.
-    fn expired_holding(&self, p: &BasicProperties, now_ms: i64, hold_up_to: Duration) -> Action {
+    fn expired_holding(
+        &self,
+        p: &BasicProperties,
+        now_ms: i64,
+        hold_up_to: Duration,
+        unit: f64,
+    ) -> Action {
         match envelope::read_transit(p) {
             Ok(transit) => {
-                let action = self.schedule(p, transit, now_ms, false, hold_up_to);
+                let action = self.schedule(p, transit, now_ms, false, hold_up_to, unit);
                 self.publishable(action, now_ms)
             }
             Err(e) => {

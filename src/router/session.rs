@@ -102,7 +102,11 @@ pub async fn run(
             return Err(e);
         }
     };
-    info!(buckets = rules.ladder.rungs().len(), "topology declared");
+    info!(
+        rungs = rules.ladder.rungs().len(),
+        queues_a_rung = rules.bucket_shards(),
+        "topology declared"
+    );
     shared.stats.record_session();
     shared
         .stats

@@ -1,10 +1,14 @@
 //! Settling source deliveries: one `basic.ack` with `multiple` for every run
 //! of contiguous deliveries whose replacements are confirmed, as RabbitMQ's
 //! shovel does. A delivery is never acked before its own replacement is
-//! confirmed. Deliveries settled behind one that is not (cascade holds its
-//! last fraction, up to 2 s, while the delivery stays unacked) are
-//! acked one by one at once: left unacked, each would be sent twice if the
-//! router died meanwhile.
+//! confirmed. Deliveries settled behind one that is not wait up to
+//! [`GAP_WAIT`] for it: confirms come back out of delivery order whenever
+//! the replacements went to different queues (two shards of a rung, two
+//! rungs), and the gap usually closes within milliseconds, when one
+//! `multiple` ack covers them all. A gap that stays open longer (cascade
+//! holds its last fraction, up to 2 s, while the delivery stays unacked)
+//! has the deliveries settled behind it acked one by one: left unacked,
+//! each would be sent twice if the router died meanwhile.
 //!
 //! At a low rate the settler lingers up to [`ACK_LINGER`] for more settled
 //! deliveries before it acks: every frame the router sends costs lapin's I/O
@@ -18,11 +22,19 @@ use lapin::options::BasicAckOptions;
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// The longest a settled delivery waits for others to share its ack. A
 /// router that dies meanwhile has these sent again (each keeps its
 /// message-id), as it would for any delivery in flight.
 pub const ACK_LINGER: Duration = Duration::from_millis(100);
+
+/// The longest settled deliveries wait behind an unsettled one before they
+/// are acked one by one. Acked one by one at once, the deliveries of a
+/// drain into a rung of two queues cost the ingress queue's process about
+/// half as much again a message as acked in runs (README, Performance:
+/// "Two queues a rung").
+pub const GAP_WAIT: Duration = Duration::from_millis(20);
 
 /// Settled deliveries that are acked at once, without lingering. It bounds
 /// what a crash sends twice beyond the deliveries in flight: with 64, the
@@ -50,6 +62,15 @@ pub struct Acks {
 pub struct AckWindow {
     unacked: BTreeSet<u64>,
     settled: HashSet<u64>,
+    /// While settled deliveries wait behind an unsettled one: that one's
+    /// tag, and since when it has been in their way.
+    gap: Option<(u64, Instant)>,
+}
+
+impl Acks {
+    pub fn is_empty(&self) -> bool {
+        self.up_to.is_none() && self.singles.is_empty()
+    }
 }
 
 impl AckWindow {
@@ -64,9 +85,10 @@ impl AckWindow {
         }
     }
 
-    /// Takes every settled delivery out of the window: the settled prefix as
-    /// one `multiple` ack, the rest one by one.
-    pub fn advance(&mut self) -> Acks {
+    /// Takes the settled prefix out of the window as one `multiple` ack, and
+    /// the deliveries settled behind an unsettled one as single acks once it
+    /// has been in their way for [`GAP_WAIT`] (at `now`).
+    pub fn advance(&mut self, now: Instant) -> Acks {
         let mut acks = Acks::default();
         while let Some(&first) = self.unacked.first() {
             if !self.settled.remove(&first) {
@@ -75,12 +97,48 @@ impl AckWindow {
             self.unacked.pop_first();
             acks.up_to = Some(first);
         }
-        acks.singles = self.settled.drain().collect();
-        acks.singles.sort_unstable();
-        for tag in &acks.singles {
-            self.unacked.remove(tag);
+        let Some(&first) = self.unacked.first().filter(|_| !self.settled.is_empty()) else {
+            self.gap = None;
+            return acks;
+        };
+        let since = match self.gap {
+            Some((tag, since)) if tag == first => since,
+            _ => {
+                self.gap = Some((first, now));
+                now
+            }
+        };
+        if now.saturating_duration_since(since) >= GAP_WAIT {
+            acks.singles = self.take_settled();
         }
         acks
+    }
+
+    /// Every settled delivery at once: the prefix and the rest one by one
+    /// (nothing more will settle).
+    pub fn flush(&mut self) -> Acks {
+        let far = Instant::now() + GAP_WAIT;
+        let mut acks = self.advance(far);
+        acks.singles.extend(self.take_settled());
+        acks
+    }
+
+    fn take_settled(&mut self) -> Vec<u64> {
+        let mut singles: Vec<u64> = self.settled.drain().collect();
+        singles.sort_unstable();
+        for tag in &singles {
+            self.unacked.remove(tag);
+        }
+        self.gap = None;
+        singles
+    }
+
+    /// When the deliveries settled behind a gap are to be acked one by one,
+    /// while some wait.
+    pub fn singles_due(&self) -> Option<Instant> {
+        self.gap
+            .filter(|_| !self.settled.is_empty())
+            .map(|(_, since)| since + GAP_WAIT)
     }
 
     /// Deliveries not yet acked.
@@ -100,30 +158,57 @@ pub type Settler = mpsc::UnboundedSender<Event>;
 /// Runs until every sender is dropped, acking on `ch` as deliveries settle.
 pub async fn run(ch: Channel, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<(), BrokerError> {
     let mut window = AckWindow::default();
-    while let Some(event) = rx.recv().await {
-        window.apply(event);
-        while let Ok(event) = rx.try_recv() {
-            window.apply(event);
-        }
-        if window.settled() == 0 {
-            continue;
-        }
-        linger(&mut window, &mut rx).await;
-        let acks = window.advance();
-        let multiple = acks.up_to.map(|tag| (tag, true));
-        let singles = acks.singles.into_iter().map(|tag| (tag, false));
-        // All of them at once: awaited one by one, each ack waits for lapin's
-        // I/O thread to write the one before, and settled deliveries pile up
-        // unacked (each one sent again if the router dies meanwhile).
-        let sends = multiple.into_iter().chain(singles).map(|(tag, multiple)| {
-            timed(
-                "basic.ack",
-                RPC_TIMEOUT,
-                ch.basic_ack(tag, BasicAckOptions { multiple }),
-            )
-        });
-        futures_util::future::try_join_all(sends).await?;
+    loop {
+        let received = match window.singles_due() {
+            Some(due) => match tokio::time::timeout_at(due, rx.recv()).await {
+                Ok(received) => received.map(Some),
+                // Settled deliveries waited long enough behind a gap.
+                Err(_) => Some(None),
+            },
+            None => rx.recv().await.map(Some),
+        };
+        let acks = match received {
+            // Every sender is gone: nothing more will settle.
+            None => {
+                let acks = window.flush();
+                send(&ch, acks).await?;
+                return Ok(());
+            }
+            Some(Some(event)) => {
+                window.apply(event);
+                while let Ok(event) = rx.try_recv() {
+                    window.apply(event);
+                }
+                if window.settled() == 0 {
+                    continue;
+                }
+                linger(&mut window, &mut rx).await;
+                window.advance(Instant::now())
+            }
+            Some(None) => window.advance(Instant::now()),
+        };
+        send(&ch, acks).await?;
     }
+}
+
+/// Sends `acks` on `ch`.
+async fn send(ch: &Channel, acks: Acks) -> Result<(), BrokerError> {
+    if acks.is_empty() {
+        return Ok(());
+    }
+    let multiple = acks.up_to.map(|tag| (tag, true));
+    let singles = acks.singles.into_iter().map(|tag| (tag, false));
+    // All of them at once: awaited one by one, each ack waits for lapin's
+    // I/O thread to write the one before, and settled deliveries pile up
+    // unacked (each one sent again if the router dies meanwhile).
+    let sends = multiple.into_iter().chain(singles).map(|(tag, multiple)| {
+        timed(
+            "basic.ack",
+            RPC_TIMEOUT,
+            ch.basic_ack(tag, BasicAckOptions { multiple }),
+        )
+    });
+    futures_util::future::try_join_all(sends).await?;
     Ok(())
 }
 
@@ -148,23 +233,30 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn the_settled_prefix_is_acked_with_multiple_the_rest_one_by_one() {
+    fn the_settled_prefix_is_acked_with_multiple_the_rest_one_by_one_after_the_gap_wait() {
+        let t0 = Instant::now();
         let mut w = AckWindow::default();
         for t in 1..=5 {
             w.apply(Event::Delivered(t));
         }
         w.apply(Event::Settled(2));
         w.apply(Event::Settled(4));
+        // 1 is in the way: 2 and 4 wait for it.
+        assert_eq!(w.advance(t0), Acks::default());
+        assert_eq!(w.singles_due(), Some(t0 + GAP_WAIT));
+        assert_eq!(w.advance(t0 + GAP_WAIT / 2), Acks::default());
+        // 1 was too slow: they go one by one.
         assert_eq!(
-            w.advance(),
+            w.advance(t0 + GAP_WAIT),
             Acks {
                 up_to: None,
                 singles: vec![2, 4]
             }
         );
+        assert_eq!(w.singles_due(), None);
         w.apply(Event::Settled(1));
         assert_eq!(
-            w.advance(),
+            w.advance(t0 + GAP_WAIT),
             Acks {
                 up_to: Some(1),
                 singles: vec![]
@@ -173,13 +265,67 @@ mod tests {
         w.apply(Event::Settled(5));
         w.apply(Event::Settled(3));
         assert_eq!(
-            w.advance(),
+            w.advance(t0 + GAP_WAIT),
             Acks {
                 up_to: Some(5),
                 singles: vec![]
             }
         );
         assert_eq!(w.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_gap_closed_in_time_makes_one_ack_of_all() {
+        let t0 = Instant::now();
+        let mut w = AckWindow::default();
+        for t in 1..=100 {
+            w.apply(Event::Delivered(t));
+        }
+        // Two queues' confirms: the odd tags first, then the even ones.
+        for t in (1..=100).filter(|t| t % 2 == 1) {
+            w.apply(Event::Settled(t));
+        }
+        let first = w.advance(t0);
+        assert_eq!(first.up_to, Some(1));
+        assert!(first.singles.is_empty());
+        for t in (1..=100).filter(|t| t % 2 == 0) {
+            w.apply(Event::Settled(t));
+        }
+        assert_eq!(
+            w.advance(t0 + GAP_WAIT / 2),
+            Acks {
+                up_to: Some(100),
+                singles: vec![]
+            }
+        );
+        assert_eq!(w.outstanding(), 0);
+        assert_eq!(w.singles_due(), None);
+    }
+
+    #[test]
+    fn a_new_gap_waits_afresh_and_a_flush_takes_everything() {
+        let t0 = Instant::now();
+        let mut w = AckWindow::default();
+        for t in 1..=4 {
+            w.apply(Event::Delivered(t));
+        }
+        w.apply(Event::Settled(2));
+        assert!(w.advance(t0).is_empty());
+        // 1 settles just before its wait is over; 3 is the gap now.
+        w.apply(Event::Settled(1));
+        w.apply(Event::Settled(4));
+        let t1 = t0 + GAP_WAIT - Duration::from_millis(1);
+        assert_eq!(w.advance(t1).up_to, Some(2));
+        assert_eq!(w.singles_due(), Some(t1 + GAP_WAIT));
+        assert!(w.advance(t0 + GAP_WAIT).is_empty());
+        assert_eq!(
+            w.flush(),
+            Acks {
+                up_to: None,
+                singles: vec![4]
+            }
+        );
+        assert_eq!(w.outstanding(), 1);
     }
 
     fn settled_window(n: u64) -> AckWindow {
@@ -208,7 +354,7 @@ mod tests {
         assert!(took >= ACK_LINGER, "{took:?}");
         assert!(took < ACK_LINGER * 5, "{took:?}");
         assert_eq!(
-            w.advance(),
+            w.advance(Instant::now()),
             Acks {
                 up_to: Some(2),
                 singles: vec![]
@@ -235,24 +381,38 @@ mod tests {
         let start = tokio::time::Instant::now();
         linger(&mut w, &mut rx).await;
         assert!(start.elapsed() < ACK_LINGER / 2);
-        assert_eq!(w.advance().up_to, Some(1));
+        assert_eq!(w.advance(Instant::now()).up_to, Some(1));
     }
 
     proptest! {
         /// Every ack is safe (only settled tags, none twice, a `multiple` ack
-        /// names an unacked tag) and every settled tag is acked at once.
+        /// names an unacked tag) and every settled tag is acked once it has
+        /// waited [`GAP_WAIT`] at most.
         #[test]
-        fn acks_are_safe_and_prompt(order in Just((1u64..=50).collect::<Vec<_>>()).prop_shuffle()) {
+        fn acks_are_safe_and_prompt(
+            order in Just((1u64..=50).collect::<Vec<_>>()).prop_shuffle(),
+            steps in proptest::collection::vec(0u64..30, 50),
+        ) {
             let mut w = AckWindow::default();
             for t in 1..=50 {
                 w.apply(Event::Delivered(t));
             }
             let mut settled = HashSet::new();
             let mut acked = BTreeSet::new();
-            for t in order {
+            let mut now = Instant::now();
+            for (t, step) in order.into_iter().zip(steps) {
                 w.apply(Event::Settled(t));
                 settled.insert(t);
-                let acks = w.advance();
+                now += Duration::from_millis(step);
+                let mut acks = w.advance(now);
+                if let Some(due) = w.singles_due() {
+                    prop_assert!(due <= now + GAP_WAIT);
+                    // What waits is acked by its due time.
+                    let later = w.advance(due);
+                    prop_assert!(later.up_to.is_none());
+                    acks.singles.extend(later.singles);
+                    now = due;
+                }
                 if let Some(up_to) = acks.up_to {
                     prop_assert!(!acked.contains(&up_to));
                     for x in 1..=up_to {

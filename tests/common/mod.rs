@@ -571,7 +571,10 @@ fn every_bucket(config: &Config) -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|s| {
+        // Shards: as many as configured, and a classic rung's default.
+        let shards = config.bucket_shards.unwrap_or(1).max(2);
         Rules::new(&config.ladder, s, &config.prefix, "guest")
+            .with_bucket_shards(Some(shards))
             .topology()
             .bucket_names()
     })

@@ -214,3 +214,70 @@ fn an_x_deliver_at_held_at_ingress_is_timed_from_now_rounded_down() {
     assert_eq!(due_ms, at);
     assert_eq!(after, std::time::Duration::from_millis(500));
 }
+
+#[test]
+fn the_draw_picks_a_rungs_queue_and_every_hop_may_take_another() {
+    let p = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(2_500)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let rules = rules().with_bucket_shards(Some(4));
+    let decide = |source, p: &BasicProperties, unit| {
+        let cx = Context {
+            now_ms: NOW,
+            stamp_ms: NOW,
+            unit,
+            frame_max: 131_072,
+            cancelled: false,
+            hold_up_to: crate::core::placement::HOLD_BELOW,
+        };
+        rules.decide(
+            Delivery {
+                source,
+                exchange: "t.router",
+                routing_key: &"eu".into(),
+                properties: Cow::Borrowed(p),
+                body: b"body",
+            },
+            &cx,
+        )
+    };
+    let queue = |plan: &Plan| match &plan.action {
+        Action::Wait { queue, .. } => queue.to_string(),
+        other => panic!("{other:?}"),
+    };
+    // Round-up puts 2.5 s in the 5s rung; the draw picks one of its four queues.
+    for (unit, expected) in [
+        (0.0, "t.bucket.5s"),
+        (0.3, "t.bucket.5s.1"),
+        (0.5, "t.bucket.5s.2"),
+        (0.99, "t.bucket.5s.3"),
+        (1.0, "t.bucket.5s.3"),
+        (f64::NAN, "t.bucket.5s"),
+    ] {
+        assert_eq!(
+            queue(&decide(Source::Ingress, &p, unit)),
+            expected,
+            "{unit}"
+        );
+    }
+    // The same rung, whichever its queue: the same message otherwise.
+    let a = decide(Source::Ingress, &p, 0.0);
+    let b = decide(Source::Ingress, &p, 0.9);
+    let (
+        Action::Wait {
+            properties: pa,
+            ttl: ta,
+            ..
+        },
+        Action::Wait {
+            properties: pb,
+            ttl: tb,
+            ..
+        },
+    ) = (&a.action, &b.action)
+    else {
+        panic!()
+    };
+    assert_eq!((pa, ta), (pb, tb));
+}

@@ -83,7 +83,7 @@ impl Rules {
         let now_ms = clock.stamp_ms;
         match self.admit(routing_key, p, now_ms, unit) {
             Ok((transit, p, policy)) => {
-                let action = self.schedule(&p, transit, clock.now_ms, true, hold_up_to);
+                let action = self.schedule(&p, transit, clock.now_ms, true, hold_up_to, unit);
                 (self.publishable(action, now_ms), policy)
             }
             Err(r) => {
