@@ -420,6 +420,7 @@ impl Rules {
                 };
                 Action::Wait {
                     queue,
+                    shard: shard as u8,
                     ttl,
                     properties,
                 }

@@ -37,7 +37,13 @@ const MAX_PUBLISHES_PER_MESSAGE: usize = 10;
 
 /// The two lanes of one pipeline.
 pub struct Lanes {
-    main: Publisher,
+    /// The main lane: a channel for each queue of a rung. RabbitMQ confirms
+    /// with one `multiple` ack only what is below a channel's oldest
+    /// unconfirmed publish; placements drawn over a rung's queues on one
+    /// channel were confirmed by about one frame each, as each queue synced
+    /// in turn. A shard's placements on a channel of their own confirm in
+    /// order. Deliveries and parks take the first.
+    main: Vec<Publisher>,
     careful: Publisher,
     /// Held for the whole of one careful publish, so the careful channel
     /// never has two publishes in flight.
@@ -45,16 +51,32 @@ pub struct Lanes {
 }
 
 impl Lanes {
-    pub async fn open(conn: Arc<Connection>) -> Result<Self, BrokerError> {
+    /// Lanes with `shards` main channels (at least one).
+    pub async fn open(conn: Arc<Connection>, shards: u8) -> Result<Self, BrokerError> {
+        let mut main = Vec::with_capacity(usize::from(shards.max(1)));
+        for _ in 0..shards.max(1) {
+            main.push(Publisher::open(conn.clone()).await?);
+        }
         Ok(Self {
-            main: Publisher::open(conn.clone()).await?,
+            main,
             careful: Publisher::open(conn).await?,
             careful_turn: tokio::sync::Mutex::new(()),
         })
     }
 
+    /// The main channel an action publishes on.
+    fn main_for(&self, action: &Action) -> &Publisher {
+        let shard = match action {
+            Action::Wait { shard, .. } => usize::from(*shard),
+            _ => 0,
+        };
+        &self.main[shard % self.main.len()]
+    }
+
     pub async fn close(&self) {
-        self.main.close().await;
+        for main in &self.main {
+            main.close().await;
+        }
         self.careful.close().await;
     }
 }
@@ -155,7 +177,7 @@ impl Forwarder {
             let lane = if careful {
                 &self.lanes.careful
             } else {
-                &self.lanes.main
+                self.lanes.main_for(&pending.plan.action)
             };
             let (exchange, routing_key) = pending.plan.action.route(&self.rules.names);
             let message = Message {

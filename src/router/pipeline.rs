@@ -59,7 +59,8 @@ impl Pipeline {
     async fn consume(&self, stop: CancellationToken) -> Result<(), SessionError> {
         let queue = self.source.queue(&self.rules.names).clone();
         let consume_ch = broker::channel(&self.conn).await?;
-        let lanes = Arc::new(Lanes::open(self.publish_conn.clone()).await?);
+        let lanes =
+            Arc::new(Lanes::open(self.publish_conn.clone(), self.rules.bucket_shards()).await?);
         // One consumer at a time takes new deliveries; after a resize of the
         // window the one before drains what it was sent (SelectAll drops it
         // when the broker confirms its cancel). RabbitMQ applies `basic.qos`

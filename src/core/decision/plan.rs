@@ -15,6 +15,9 @@ pub enum Action {
     /// Publish to a bucket queue (default exchange, routing key = queue).
     Wait {
         queue: ShortString,
+        /// Which of the rung's queues `queue` is (0: the first): the shell
+        /// publishes each shard's placements on a channel of its own.
+        shard: u8,
         ttl: Duration,
         properties: BasicProperties,
     },

@@ -32,6 +32,7 @@ fn ingress_places_in_the_round_up_bucket_with_a_deadline() {
         queue,
         ttl,
         properties,
+        ..
     } = rules().on_ingress(&"eu".into(), &p, NOW, 0.0)
     else {
         panic!("expected a bucket")
@@ -170,6 +171,7 @@ fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
         queue,
         ttl,
         properties,
+        ..
     } = action
     {
         path.push(queue.to_string());
