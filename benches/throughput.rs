@@ -42,6 +42,10 @@
 //! the router's cost is its own and what part is lapin's and the runtime's.
 //! BENCH_FLOOR=0 leaves it out.
 //!
+//! BENCH_FLOOR_SHARDS=k: the floor publishes over k queues of the bucket's
+//! rung in turn (each on its own channel), as the router places over a
+//! rung's queues; one otherwise.
+//!
 //! BENCH_QUEUE_TYPE=quorum: every queue of the run (the router's, the
 //! floor's, the shovel's plain pair) a quorum queue; classic otherwise.
 
@@ -433,7 +437,13 @@ async fn router_queues(
         "[amqp]\nurl = \"{URL}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
-    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest").with_queue_type(qt);
+    // BENCH_FLOOR_SHARDS: that many queues a rung (else the type's default).
+    let shards = std::env::var("BENCH_FLOOR_SHARDS")
+        .ok()
+        .map(|s| s.parse::<u8>().expect("BENCH_FLOOR_SHARDS: 1 to 16"));
+    let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest")
+        .with_bucket_shards(shards)
+        .with_queue_type(qt);
     broker::declare::declare(conn, &rules.topology())
         .await
         .unwrap();
@@ -461,12 +471,24 @@ async fn floor_round(conn: &Connection, n: usize, broker: u32) -> Drain {
         _ => props(),
     };
     let (rules, ingress, bucket) = router_queues(conn, &ch, n, &shape).await;
-    let child = floor::command(URL, &ingress, &bucket)
+    // BENCH_FLOOR_SHARDS=k: the floor publishes over the rung's first k
+    // queues in turn, as the router places over them.
+    let k = std::env::var("BENCH_FLOOR_SHARDS").map_or(1, |s| s.parse::<usize>().unwrap_or(1));
+    let shard = format!("{bucket}.");
+    let buckets: Vec<String> = rules
+        .topology()
+        .bucket_names()
+        .into_iter()
+        .filter(|q| q.as_str() == bucket || q.as_str().starts_with(&shard))
+        .take(k.max(1))
+        .map(|q| q.to_string())
+        .collect();
+    let child = floor::command(URL, &ingress, &buckets.join(","))
         .spawn()
         .expect("the floor forwarder");
     let mut guard = KillOnDrop(Some(child));
     let pid = guard.0.as_ref().map(std::process::Child::id);
-    let drain = drain_rate(conn, std::slice::from_ref(&bucket), n as u32, pid, broker).await;
+    let drain = drain_rate(conn, &buckets, n as u32, pid, broker).await;
     let mut child = guard.0.take().unwrap();
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])

@@ -12,7 +12,10 @@
 //! looked at; as many in flight as the prefetch lets come), and acks sent
 //! once its confirm is back, with `multiple`, when 16 are settled or 100 ms
 //! after the first of them, as the router acks. No decision, no headers
-//! written, no publish window, no metrics, no logs: one task.
+//! written, no publish window, no metrics, no logs: one task. Given several
+//! destinations (`dst` a comma-separated list: the queues of a rung), it
+//! publishes to them in turn, each on a channel of its own, as the router
+//! places over a rung's queues.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
@@ -105,15 +108,21 @@ async fn forward(url: &str, src: &str, dst: &str, prefetch: u16) {
     cch.basic_qos(prefetch, BasicQosOptions::default())
         .await
         .expect("qos");
-    let pch = publishing
-        .as_ref()
-        .unwrap_or(&consuming)
-        .create_channel()
-        .await
-        .expect("channel");
-    pch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirm.select");
+    let dsts: Vec<ShortString> = dst.split(',').map(Into::into).collect();
+    let mut pchs = Vec::with_capacity(dsts.len());
+    for _ in &dsts {
+        let pch = publishing
+            .as_ref()
+            .unwrap_or(&consuming)
+            .create_channel()
+            .await
+            .expect("channel");
+        pch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm.select");
+        pchs.push(pch);
+    }
+    let mut turn = 0usize;
     let mut deliveries = cch
         .basic_consume(
             src.into(),
@@ -152,7 +161,9 @@ async fn forward(url: &str, src: &str, dst: &str, prefetch: u16) {
             }
             delivery = deliveries.next() => {
                 let Some(delivery) = delivery else { break };
-                in_flight.push_back(publish(pch.clone(), dst.into(), options, delivery.expect("delivery")));
+                let i = turn % dsts.len();
+                turn += 1;
+                in_flight.push_back(publish(pchs[i].clone(), dsts[i].clone(), options, delivery.expect("delivery")));
             }
         }
     }

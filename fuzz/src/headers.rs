@@ -233,6 +233,7 @@ impl<'a> Checker<'a> {
                 queue,
                 ttl,
                 properties,
+                ..
             } => {
                 let transit = read_transit(&properties).unwrap_or_else(|e| {
                     panic!("[{name}] placed at ingress with unreadable transit headers: {e}")
@@ -335,6 +336,7 @@ impl<'a> Checker<'a> {
                     queue: q,
                     ttl: next_ttl,
                     properties: p,
+                    ..
                 } => {
                     queue = q;
                     ttl = next_ttl;
@@ -490,6 +492,7 @@ impl<'a> Checker<'a> {
                 queue,
                 ttl,
                 properties,
+                ..
             } => {
                 assert!(!ttl.is_zero(), "[{name}] expiry: ttl zero");
                 assert_eq!(
