@@ -198,3 +198,39 @@ async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers()
     assert_eq!(h.stats.snapshot().due, 1, "through the due lane once");
     h.cleanup().await;
 }
+
+/// A burst that leaves its bucket together with a second left is timed by
+/// the router on the due lane's hold room, not sent through finer buckets:
+/// with a prefetch of 20, holds were capped at 10, and the other 50 took
+/// one to three more buckets (the halving rungs) each.
+#[tokio::test]
+async fn a_burst_due_together_is_held_in_the_due_lanes_room() {
+    let mut h = Harness::new(&["4s"], "[amqp]\nprefetch = 20\n").await;
+    h.start_router().await;
+    let q = h.queue("dest").await;
+    let sent = std::time::Instant::now();
+    for i in 0..60 {
+        let props =
+            to_queue(&q, AMQPValue::LongLongInt(5000)).with_message_id(i.to_string().into());
+        h.publish("k", props, b"burst").await;
+    }
+    let got = h.receive(&q, 60, Duration::from_secs(30)).await;
+    let ids: std::collections::BTreeSet<usize> = got.iter().map(|(_, d)| id(d)).collect();
+    assert_eq!(ids.len(), 60, "every message once");
+    for (at, d) in &got {
+        assert!(
+            *at - sent >= Duration::from_millis(5000),
+            "message {} early: {:?} after the first publish",
+            id(d),
+            *at - sent
+        );
+    }
+    let s = h.stats.snapshot();
+    assert_eq!(
+        s.placed, 60,
+        "one bucket each, no finer ones after it: {s:?}"
+    );
+    assert_eq!(s.held, 60, "the router timed every last second: {s:?}");
+    assert_eq!(s.due, 60, "{s:?}");
+    h.cleanup().await;
+}

@@ -201,8 +201,17 @@ impl Forwarder {
             let urgent = careful || self.gate.limit() < LAZY_WINDOW;
             let ticket = self.pacer.sent(urgent);
             let sent = std::time::Instant::now();
+            let sent_ms = super::clock::now_ms();
             let outcome = lane.publish(message).await?;
             let took = sent.elapsed();
+            // When the broker had it: a confirm read late (up to LAZY_FOR
+            // after it came) says only that it was between the publish and
+            // now, so the publish stands for it.
+            let confirmed_ms = if ticket.late {
+                sent_ms
+            } else {
+                super::clock::now_ms()
+            };
             // A confirm read late says nothing of the broker's latency.
             if ticket.late {
                 self.stats.record_lazy_confirm();
@@ -225,7 +234,7 @@ impl Forwarder {
                     if let Action::Deliver { destination, .. } = action {
                         self.destinations.verify(&destination.exchange);
                     }
-                    self.stats.record(action, super::clock::now_ms());
+                    self.stats.record(action, confirmed_ms);
                     if let Some(policy) = &pending.plan.retry_policy {
                         self.stats.record_retry(policy);
                     }

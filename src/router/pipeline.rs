@@ -16,7 +16,7 @@ use super::tombstones::Tombstones;
 use super::{SHUTDOWN_GRACE, SessionError, clock, settle};
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, timed};
 use crate::core::decision::{Action, Context, Delivery, Rules, Source};
-use crate::core::placement::{HOLD_BELOW, HOLD_WITH_ROOM};
+use crate::core::placement::{HOLD_BELOW, HOLD_WITH_ROOM, PlacementStrategy};
 use crate::core::reasons::exchange_label;
 use futures_util::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
@@ -48,7 +48,29 @@ pub struct Pipeline {
     pub pacer: Arc<Pacer>,
 }
 
+/// Deliveries the due lane's window has beyond `prefetch`, for holds.
+///
+/// A cascade message leaves its last bucket with up to [`HOLD_WITH_ROOM`]
+/// left, and the router times that itself while the delivery stays unacked.
+/// When a million come due over twenty minutes (about 830 a second), that is
+/// up to about 1,700 held at once; with holds capped at half of a 500
+/// window, most of them took one to three more buckets instead (the halving
+/// rungs), each a publish, a dead-lettering, a delivery and an ack for the
+/// broker (README, Performance: Room to hold). Held deliveries are
+/// unpublished, so they add no duplicates after a crash: they come back
+/// from the queue and are timed again.
+pub const HOLD_ROOM: u16 = 2_000;
+
 impl Pipeline {
+    /// Deliveries this pipeline's window has beyond `prefetch` for holds:
+    /// [`HOLD_ROOM`] on the due lane of a cascade router, else none.
+    fn hold_room(&self) -> u16 {
+        match (self.source, self.rules.strategy) {
+            (Source::Due, PlacementStrategy::Cascade) => HOLD_ROOM,
+            _ => 0,
+        }
+    }
+
     /// Consumes until `stop` or a fault (which it raises when it is its own).
     pub async fn run(self, stop: CancellationToken) {
         if let Err(e) = self.consume(stop).await {
@@ -68,11 +90,13 @@ impl Pipeline {
         let mut consumers = futures_util::stream::SelectAll::new();
         let mut generation = 0u32;
         let mut tag = consumer_tag(self.source, generation);
-        consumers.push(subscribe(&consume_ch, &queue, &tag, self.prefetch).await?);
-        info!(queue = %queue, prefetch = self.prefetch, "consuming");
+        let room = self.hold_room();
+        let window_max = self.prefetch.saturating_add(room);
+        consumers.push(subscribe(&consume_ch, &queue, &tag, window_max).await?);
+        info!(queue = %queue, prefetch = window_max, hold_room = room, "consuming");
         self.health.consuming(&self.stats);
         let tracker = TaskTracker::new();
-        let mut window = PrefetchWindow::new(self.prefetch, self.inflight_bytes);
+        let mut window = PrefetchWindow::new(window_max, self.inflight_bytes);
         let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
         let abandoned = CancellationToken::new();
         let acks = {
@@ -118,7 +142,7 @@ impl Pipeline {
                             info!(prefetch = count, mean_bytes = delivery.data.len(), "resizing the prefetch window to the byte budget");
                             generation = generation.wrapping_add(1);
                             let old = std::mem::replace(&mut tag, consumer_tag(self.source, generation));
-                            forwarder.gate.set_max(count);
+                            forwarder.gate.set_max(count.min(self.prefetch));
                             match subscribe(&consume_ch, &queue, &tag, count).await {
                                 Ok(consumer) => consumers.push(consumer),
                                 Err(e) => break Err(e.into()),
@@ -133,7 +157,8 @@ impl Pipeline {
                                 break Err(e.into());
                             }
                         }
-                        if let Err(e) = self.handle(delivery, &forwarder, &tracker, window.current()) {
+                        let cap = hold_cap(window.current(), self.prefetch);
+                        if let Err(e) = self.handle(delivery, &forwarder, &tracker, cap) {
                             break Err(e);
                         }
                     }
@@ -194,7 +219,7 @@ impl Pipeline {
         delivery: lapin::message::Delivery,
         forwarder: &Arc<Forwarder>,
         tracker: &TaskTracker,
-        prefetch: u16,
+        hold_cap: usize,
     ) -> Result<(), SessionError> {
         super::coalesce::delivered();
         let now_ms = clock::now_ms();
@@ -221,7 +246,7 @@ impl Pipeline {
             unit: rand::random::<f64>(),
             frame_max: self.publish_conn.configuration().frame_max(),
             cancelled,
-            hold_up_to: hold_up_to(forwarder.holding(), prefetch),
+            hold_up_to: hold_up_to(forwarder.holding(), hold_cap),
         };
         let d = Delivery {
             source: self.source,
@@ -317,15 +342,25 @@ async fn subscribe(
 }
 
 /// How much of a cascade's last fraction the router times itself: up to
-/// [`HOLD_WITH_ROOM`] while it holds under half of its prefetch window,
-/// so held deliveries never stall the consumer; else only what no bucket can
-/// time ([`HOLD_BELOW`]).
-fn hold_up_to(holding: usize, prefetch: u16) -> Duration {
-    if holding < usize::from(prefetch) / 2 {
+/// [`HOLD_WITH_ROOM`] while it holds fewer than `cap` deliveries
+/// ([`hold_cap`]), so held deliveries never stall the consumer; else only
+/// what no bucket can time ([`HOLD_BELOW`]).
+fn hold_up_to(holding: usize, cap: usize) -> Duration {
+    if holding < cap {
         HOLD_WITH_ROOM
     } else {
         HOLD_BELOW
     }
+}
+
+/// How many deliveries a pipeline may hold with a window of `window`
+/// deliveries, `prefetch` of them for the flow: what the window has beyond
+/// `prefetch` (the hold room, [`HOLD_ROOM`] on the due lane), and at least
+/// half of it (a window shrunk to the byte budget, or a pipeline without
+/// room), so that the flow keeps at least half of the window.
+fn hold_cap(window: u16, prefetch: u16) -> usize {
+    let window = usize::from(window);
+    window.saturating_sub(usize::from(prefetch)).max(window / 2)
 }
 
 /// One line per decision; the message id (the sender's, or the one derived
@@ -360,5 +395,33 @@ fn log_decision(action: &Action, redelivered: bool) {
         Action::Cancel { message_id, .. } => {
             info!(message_id = %message_id, redelivered, "cancel requested: writing a tombstone")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_due_lane_holds_up_to_its_room_and_the_flow_keeps_the_prefetch() {
+        let window = 500 + HOLD_ROOM;
+        assert_eq!(hold_cap(window, 500), usize::from(HOLD_ROOM));
+        assert_eq!(hold_up_to(1_999, hold_cap(window, 500)), HOLD_WITH_ROOM);
+        assert_eq!(hold_up_to(2_000, hold_cap(window, 500)), HOLD_BELOW);
+    }
+
+    #[test]
+    fn without_room_a_pipeline_holds_up_to_half_of_its_window() {
+        assert_eq!(hold_cap(500, 500), 250);
+        assert_eq!(hold_up_to(249, hold_cap(500, 500)), HOLD_WITH_ROOM);
+        assert_eq!(hold_up_to(250, hold_cap(500, 500)), HOLD_BELOW);
+    }
+
+    #[test]
+    fn a_window_shrunk_to_the_byte_budget_keeps_half_for_the_flow() {
+        // 64 MiB of 100 KiB messages: 655 deliveries, 500 of them the prefetch.
+        assert_eq!(hold_cap(655, 500), 327);
+        assert_eq!(hold_cap(1, 500), 0);
+        assert_eq!(hold_cap(u16::MAX, u16::MAX), usize::from(u16::MAX) / 2);
     }
 }

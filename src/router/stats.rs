@@ -381,7 +381,8 @@ impl Stats {
         names
     }
 
-    /// Counts one confirmed publish; `now_ms` is when its confirm arrived.
+    /// Counts one confirmed publish; `now_ms` is when the broker had it: its
+    /// confirm's arrival, or the publish when the confirm was read lazily.
     pub fn record(&self, action: &Action, now_ms: i64) {
         match action {
             Action::Wait { .. } => {
