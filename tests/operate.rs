@@ -61,10 +61,7 @@ async fn metrics_count_known_traffic() {
         h.publish("k", p, b"x").await;
     }
     for i in 0..3 {
-        // 5 s: the 4s bucket and a hold of the last second (a delay of
-        // exactly 4 s takes the 2s bucket and holds 2 s: the last hold's
-        // lead, `core::placement::LAST_HOLD_LEAD`).
-        let p = to_queue(&q, s("5s")).with_message_id(format!("w{i}").into());
+        let p = to_queue(&q, s("4s")).with_message_id(format!("w{i}").into());
         h.publish("k", p, b"w").await;
     }
     h.publish("k", to_queue(&q, s("soon")), b"bad").await;

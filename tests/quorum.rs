@@ -71,8 +71,7 @@ async fn a_quorum_bucket_keeps_what_expires_while_the_router_queue_is_gone() {
     for i in 0..N {
         h.publish(
             "k",
-            // 2.5 s: the 2s bucket (2 s or less the router would hold itself).
-            to_queue(&q, AMQPValue::LongLongInt(2500)).with_message_id(i.to_string().into()),
+            to_queue(&q, AMQPValue::LongLongInt(2000)).with_message_id(i.to_string().into()),
             b"kept",
         )
         .await;

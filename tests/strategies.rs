@@ -228,10 +228,9 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     h.start_router().await;
     let q = h.queue("dest").await;
     // Ten in the 5s bucket, ten in 15s (three laps of 5s, which the new
-    // ladder's top rung 2s does not have either); 200 ms or more over the
-    // rung, or the last hold's lead would take the rung below (4s, 10s).
+    // ladder's top rung 2s does not have either).
     let delays: Vec<u64> = (0..20)
-        .map(|i| if i < 10 { 5_200 } else { 15_200 } + i * 50)
+        .map(|i| if i < 10 { 5_000 } else { 15_000 } + i * 50)
         .collect();
     let sent = send(&h, &q, &delays).await;
     let removed = format!("{}.bucket.5s", h.prefix);

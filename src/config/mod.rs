@@ -148,12 +148,6 @@ pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::from_mill
 /// The longest `[amqp] coalesce` accepted: every message may wait this much
 /// more at each hop.
 pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
-// A last bucket ends at least a tick before the deadline: the router then
-// holds the rest, and no coalescing sleep runs past a hold's deadline.
-const _: () = assert!(
-    MAX_COALESCE.as_nanos() <= crate::core::placement::LAST_HOLD_LEAD.as_nanos(),
-    "the cascade's last hold must outlast the longest coalescing tick"
-);
 
 /// The most queues a rung may have (`[topology] bucket_shards`).
 pub const MAX_BUCKET_SHARDS: u8 = 16;

@@ -98,10 +98,8 @@ pub struct Context {
     /// The delivery's message-id has a live tombstone (expired only).
     pub cancelled: bool,
     /// Under cascade the router times what is left below this itself:
-    /// [`placement::HOLD_WITH_ROOM`] while it holds few deliveries (and
-    /// then keeps [`placement::LAST_HOLD_LEAD`] for the end, see
-    /// [`placement::place_or_hold`]), [`placement::HOLD_BELOW`] when it
-    /// holds many.
+    /// [`placement::HOLD_WITH_ROOM`] while it holds few deliveries,
+    /// [`placement::HOLD_BELOW`] when it holds many.
     pub hold_up_to: Duration,
 }
 

@@ -8,8 +8,7 @@
 //!   whole multiples of a rung below the rung two up ([`max_laps`]), a rung
 //!   every [`GRID`] below the second rung and a minute, and finer ones
 //!   (halving down to [`HOLD_BELOW`]); the last fraction the router times
-//!   itself while the delivery stays unacked, with room at least
-//!   [`LAST_HOLD_LEAD`] of it. Never early; late by milliseconds ([`ROUND_UP_WITHIN`]).
+//!   itself while the delivery stays unacked. Never early; late by milliseconds ([`ROUND_UP_WITHIN`]).
 //! - `priority`: round-up buckets with `x-max-priority`; the message carries a
 //!   per-message `expiration` of the time left and a priority that rises as its
 //!   delay falls within the bucket's range. Only as good as the broker's expiry
@@ -25,19 +24,6 @@ pub const HOLD_BELOW: Duration = Duration::from_millis(250);
 /// saves (about one in three hops of a 1–60 s delay) each cost the broker a
 /// publish, a confirm, a dead-lettering, a delivery and an ack.
 pub const HOLD_WITH_ROOM: Duration = Duration::from_secs(2);
-/// While it has room, the cascade router holds at least this much of every
-/// delay itself at the end: a last bucket never ends within this of the
-/// deadline ([`place_or_hold`]).
-///
-/// A message that comes back from its last bucket a few milliseconds before
-/// its deadline may find the router's thread in a coalescing sleep (up to
-/// [`MAX_COALESCE`](crate::config::MAX_COALESCE), 100 ms) and wait for its
-/// end, late by the rest of the tick; one that comes back with at least a
-/// tick left is held, and no sleep runs past a hold's deadline. On the
-/// million's probes while the million waited that was a p99 of 42–52 ms;
-/// with this lead 3 ms, at no extra hop (README, A million waiting). It
-/// also covers a last bucket that expires up to this much late.
-pub const LAST_HOLD_LEAD: Duration = Duration::from_millis(100);
 /// A message due within this long after its bucket expires it is sorted into
 /// the due lane (`[placement] due_within`).
 ///
@@ -332,53 +318,16 @@ pub fn due_lane(remaining: Duration, ttl: Duration, due_within: Duration) -> boo
 
 /// [`place`], with the router timing under cascade whatever is left below
 /// `hold_up_to` itself (at least what [`place`] would hold).
-///
-/// With room to hold (`hold_up_to` at least [`HOLD_WITH_ROOM`]) cascade
-/// also keeps [`LAST_HOLD_LEAD`] for the end: it holds anything under
-/// `hold_up_to` plus the lead, and where the bucket [`place`] picks would
-/// end within the lead of the deadline it takes the largest rung that ends
-/// at least the lead before it instead, when what that one leaves is still
-/// a hold (under `hold_up_to` plus the lead). That costs no extra hop:
-/// the rung it replaces would have left a hold too. Where the lower rung
-/// would leave more (a whole number of minutes that ends just short of the
-/// deadline: about 1 message in 600 on the shipped ladder) it keeps
-/// [`place`]'s bucket rather than add a hop.
 pub fn place_or_hold(
     strategy: PlacementStrategy,
     ladder: &Ladder,
     remaining: Duration,
     hold_up_to: Duration,
 ) -> Option<Placement> {
-    if strategy != PlacementStrategy::Cascade || remaining.is_zero() {
-        return place(strategy, ladder, remaining);
-    }
-    let room = hold_up_to >= HOLD_WITH_ROOM;
-    let holds_up_to = if room {
-        hold_up_to.saturating_add(LAST_HOLD_LEAD)
-    } else {
-        hold_up_to
-    };
-    if remaining < holds_up_to {
+    if strategy == PlacementStrategy::Cascade && !remaining.is_zero() && remaining < hold_up_to {
         return Some(Placement::Hold(remaining));
     }
-    let placed = place(strategy, ladder, remaining);
-    if let (true, Some(Placement::Bucket { rung, .. })) = (room, placed) {
-        let rungs = ladder.rungs();
-        if remaining.saturating_sub(rungs[rung].ttl) < LAST_HOLD_LEAD {
-            // `remaining` is at least the lead here (it is not held).
-            let lower = ladder
-                .round_down(remaining - LAST_HOLD_LEAD)
-                .filter(|&l| rungs[l].ttl >= HOLD_BELOW && remaining - rungs[l].ttl < holds_up_to);
-            if let Some(lower) = lower {
-                return Some(Placement::Bucket {
-                    rung: lower,
-                    expiration: None,
-                    priority: None,
-                });
-            }
-        }
-    }
-    placed
+    place(strategy, ladder, remaining)
 }
 
 /// Priority for a delay in `(lo, hi]`: the shorter the delay, the higher.
@@ -408,19 +357,6 @@ mod tests {
         match p {
             Placement::Bucket { rung, .. } => rung,
             Placement::Hold(_) => panic!("unexpected hold"),
-        }
-    }
-
-    /// Cascade's next step with room to hold: [`place_or_hold`], or
-    /// (`lead` false) as before the last hold's lead: a hold below
-    /// [`HOLD_WITH_ROOM`], [`place`] above.
-    fn step(eff: &Ladder, left: Duration, lead: bool) -> Option<Placement> {
-        if lead {
-            place_or_hold(PlacementStrategy::Cascade, eff, left, HOLD_WITH_ROOM)
-        } else if left < HOLD_WITH_ROOM && !left.is_zero() {
-            Some(Placement::Hold(left))
-        } else {
-            place(PlacementStrategy::Cascade, eff, left)
         }
     }
 
@@ -615,13 +551,12 @@ mod tests {
             held(240, HOLD_BELOW),
             Some(Placement::Hold(Duration::from_millis(240)))
         );
-        // With room, up to HOLD_WITH_ROOM and the last hold's lead.
         assert_eq!(
-            held(2_099, HOLD_WITH_ROOM),
-            Some(Placement::Hold(Duration::from_millis(2_099)))
+            held(1_999, HOLD_WITH_ROOM),
+            Some(Placement::Hold(Duration::from_millis(1_999)))
         );
         assert!(matches!(
-            held(2_100, HOLD_WITH_ROOM),
+            held(2_000, HOLD_WITH_ROOM),
             Some(Placement::Bucket { .. })
         ));
         assert_eq!(held(0, HOLD_WITH_ROOM), None);
@@ -638,8 +573,7 @@ mod tests {
         /// The grid: on the shipped ladder, with room to hold, anything from
         /// 2 s to a minute takes one bucket and a hold under 2 s.
         #[test]
-        /// and the hold is at least the lead ([`LAST_HOLD_LEAD`]).
-        fn under_a_minute_takes_one_hop_on_the_shipped_ladder(left_ms in 2_100u64..60_000) {
+        fn under_a_minute_takes_one_hop_on_the_shipped_ladder(left_ms in 2_000u64..60_000) {
             let l = effective_ladder(
                 PlacementStrategy::Cascade,
                 &Ladder::from_labels(&["30s", "1m", "5m"]).unwrap(),
@@ -651,46 +585,7 @@ mod tests {
                 panic!("{left:?} not placed");
             };
             let after = left.saturating_sub(l.rungs()[rung].ttl);
-            let label = &l.rungs()[rung].label;
-            prop_assert!(after < HOLD_WITH_ROOM + LAST_HOLD_LEAD, "{left:?}: {after:?} left after {label}");
-            prop_assert!(after >= LAST_HOLD_LEAD, "{left:?}: {after:?} left after {label}");
-        }
-
-        /// With room to hold, on any ladder and with hops that come back
-        /// late or not: never early, no hold longer than the room and the
-        /// lead, and never more hops than without the lead (cascade's
-        /// [`place`] with holds only below the room).
-        #[test]
-        fn the_last_hold_lead_is_never_early_and_adds_no_hop(
-            ladder in ladder_strategy(),
-            ms in 1u64..4_000_000_000,
-            late_ms in 0u64..5,
-        ) {
-            let eff = effective_ladder(PlacementStrategy::Cascade, &ladder);
-            let (delay, late) = (Duration::from_millis(ms), Duration::from_millis(late_ms));
-            let run = |lead: bool| {
-                let (mut left, mut waited, mut hops) = (delay, Duration::ZERO, 0u32);
-                loop {
-                    match step(&eff, left, lead) {
-                        None => return (waited, hops),
-                        Some(Placement::Hold(d)) => {
-                            assert!(d < HOLD_WITH_ROOM + LAST_HOLD_LEAD, "held {d:?}");
-                            return (waited + d, hops);
-                        }
-                        Some(Placement::Bucket { rung, .. }) => {
-                            let ttl = eff.rungs()[rung].ttl;
-                            waited += ttl + late;
-                            left = left.saturating_sub(ttl + late);
-                            hops += 1;
-                            assert!(hops < 100_000);
-                        }
-                    }
-                }
-            };
-            let (waited, hops) = run(true);
-            let (_, hops_before) = run(false);
-            prop_assert!(waited >= delay, "waited {waited:?} for {delay:?}");
-            prop_assert!(hops <= hops_before, "{hops} hops, {hops_before} without the lead");
+            prop_assert!(after < HOLD_WITH_ROOM, "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
         }
 
         /// The multiples of `1m` reach `30m`: on the shipped ladder anything
@@ -782,69 +677,22 @@ mod tests {
 
     /// Bucket hops a message on `benches/precision.rs`'s workload (delays
     /// log-uniform from 200 ms to 60 s, at 2,000 evenly spaced quantiles),
-    /// the router holding up to [`HOLD_WITH_ROOM`] itself (and the last
-    /// hold's lead, with `lead`) and every hop coming back 3 ms late.
-    fn precision_workload_hops(eff: &Ladder, lead: bool) -> f64 {
+    /// the router holding up to [`HOLD_WITH_ROOM`] itself and every hop
+    /// coming back 3 ms late.
+    fn precision_workload_hops(eff: &Ladder) -> f64 {
         let (lo, hi, n) = (200f64.ln(), 60_000f64.ln(), 2000);
         let mut hops = 0;
         for i in 0..n {
             let ms = (lo + (hi - lo) * (f64::from(i) + 0.5) / f64::from(n)).exp();
             let mut left = Duration::from_secs_f64(ms / 1000.0);
-            while let Some(Placement::Bucket { rung, .. }) = step(eff, left, lead) {
+            while let Some(Placement::Bucket { rung, .. }) =
+                place_or_hold(PlacementStrategy::Cascade, eff, left, HOLD_WITH_ROOM)
+            {
                 hops += 1;
                 left = (left + Duration::from_millis(3)).saturating_sub(eff.rungs()[rung].ttl);
             }
         }
         f64::from(hops) / f64::from(n)
-    }
-
-    /// The share of the million's delays (10–30 minutes, 20,000 evenly
-    /// spaced, every hop 3 ms late) whose last bucket ends within
-    /// [`LAST_HOLD_LEAD`] of the deadline, with the lead and without, and
-    /// the hops a message takes each way.
-    fn last_hold_within_a_tick(lead: bool) -> (f64, f64) {
-        let eff = effective_ladder(
-            PlacementStrategy::Cascade,
-            &Ladder::from_labels(&["30s", "1m", "5m", "30m", "1h", "3h", "6h", "12h", "24h"])
-                .unwrap(),
-        );
-        let (n, mut short, mut hops) = (20_000u32, 0u32, 0u32);
-        for i in 0..n {
-            let mut left = Duration::from_millis(600_000 + u64::from(i) * 60);
-            loop {
-                match step(&eff, left, lead) {
-                    Some(Placement::Bucket { rung, .. }) => {
-                        hops += 1;
-                        left =
-                            (left + Duration::from_millis(3)).saturating_sub(eff.rungs()[rung].ttl);
-                    }
-                    other => {
-                        let held = match other {
-                            Some(Placement::Hold(d)) => d,
-                            _ => Duration::ZERO,
-                        };
-                        short += u32::from(held < LAST_HOLD_LEAD);
-                        break;
-                    }
-                }
-            }
-        }
-        (
-            f64::from(short) / f64::from(n),
-            f64::from(hops) / f64::from(n),
-        )
-    }
-
-    #[test]
-    fn the_last_hold_lead_leaves_few_last_buckets_within_a_tick_at_no_extra_hop() {
-        let (short, hops) = last_hold_within_a_tick(true);
-        let (short_before, hops_before) = last_hold_within_a_tick(false);
-        // About 1 in 600: a whole number of minutes ending just short.
-        assert!(short < 0.003, "{short}");
-        // About 1 in 20: the 2 s grid's last rung ending within 100 ms.
-        assert!((0.03..0.08).contains(&short_before), "{short_before}");
-        assert!(hops <= hops_before, "{hops} > {hops_before}");
-        assert!((1.9..2.0).contains(&hops), "{hops}");
     }
 
     #[test]
@@ -854,8 +702,7 @@ mod tests {
         for added in ["6s", "12s", "24s"] {
             assert!(eff.rungs().iter().any(|r| r.label == added), "{added}");
         }
-        let now = precision_workload_hops(&eff, true);
-        let without_lead = precision_workload_hops(&eff, false);
+        let now = precision_workload_hops(&eff);
         // The effective ladder before the multiples reached two rungs up
         // (df031f7): the bench's rungs, the halves below them and the
         // multiples of the top one; 1.11 hops a message measured then.
@@ -863,9 +710,8 @@ mod tests {
             "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "64s", "96s", "128s", "160s",
         ])
         .unwrap();
-        let then = precision_workload_hops(&before, false);
-        assert!((0.86..0.90).contains(&without_lead), "{without_lead}");
-        assert!(now <= without_lead, "{now} > {without_lead}");
+        let then = precision_workload_hops(&before);
+        assert!((0.86..0.90).contains(&now), "{now}");
         assert!((1.08..1.12).contains(&then), "{then}");
     }
 }

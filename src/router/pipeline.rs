@@ -51,7 +51,7 @@ pub struct Pipeline {
 /// Deliveries the due lane's window has beyond `prefetch`, for holds.
 ///
 /// A cascade message leaves its last bucket with up to [`HOLD_WITH_ROOM`]
-/// left (and the last hold's lead, [`LAST_HOLD_LEAD`](crate::core::placement::LAST_HOLD_LEAD)), and the router times that itself while the delivery stays unacked.
+/// left, and the router times that itself while the delivery stays unacked.
 /// When a million come due over twenty minutes (about 830 a second), that is
 /// up to about 1,700 held at once; with holds capped at half of a 500
 /// window, most of them took one to three more buckets instead (the halving
