@@ -101,11 +101,35 @@ async fn depth(conn: &Connection, queue: &str) -> u32 {
 }
 
 async fn wait_depth(conn: &Connection, queue: &str, n: u32, within: Duration) {
+    wait_depths(conn, &[queue.to_owned()], n, within).await;
+}
+
+/// Waits until `queues` hold `n` messages between them.
+async fn wait_depths(conn: &Connection, queues: &[String], n: u32, within: Duration) {
     let deadline = Instant::now() + within;
-    while depth(conn, queue).await < n {
-        assert!(Instant::now() < deadline, "{queue} never reached {n}");
+    loop {
+        let mut held = 0;
+        for q in queues {
+            held += depth(conn, q).await;
+        }
+        if held >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{queues:?} never reached {n}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Every queue of the rung whose first queue is `queue` (`[topology]
+/// bucket_shards`: placements spread over them, shard `k` above 0 being
+/// `<queue>.<k>`).
+fn rung_queues(rules: &Rules, queue: &str) -> Vec<String> {
+    (0..rules.bucket_shards())
+        .map(|k| match k {
+            0 => queue.to_owned(),
+            k => format!("{queue}.{k}"),
+        })
+        .collect()
 }
 
 /// A prefix of its own, its topology declared, and the config file that runs it.
@@ -240,7 +264,11 @@ async fn callgrind_run(
     let (source, target) = match way {
         Way::Placement => {
             publish(ch, s.rules.names.router_exchange.as_str(), &p, n).await;
-            (s.rules.names.ingress.to_string(), queue.to_string())
+            // The rung's queues between them (two a classic rung).
+            (
+                s.rules.names.ingress.to_string(),
+                rung_queues(&s.rules, queue.as_str()),
+            )
         }
         Way::Delivery => {
             ch.queue_declare(
@@ -271,7 +299,7 @@ async fn callgrind_run(
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            (s.rules.names.expired.to_string(), sink.clone())
+            (s.rules.names.expired.to_string(), vec![sink.clone()])
         }
     };
     if way == Way::Placement {
@@ -281,7 +309,7 @@ async fn callgrind_run(
     let mut program = vec![bin.display().to_string(), "run".into(), "--config".into()];
     program.push(s.config.display().to_string());
     let stop = under_callgrind(&out, &program);
-    wait_depth(conn, &target, n as u32, Duration::from_secs(1800)).await;
+    wait_depths(conn, &target, n as u32, Duration::from_secs(1800)).await;
     stop.interrupt().await;
     if way == Way::Delivery {
         let _ = ch
