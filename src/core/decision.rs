@@ -406,6 +406,7 @@ impl Rules {
             remaining,
             hold_up_to,
             self.hold_lead,
+            entering,
         ) {
             None => deliver(Duration::ZERO),
             Some(Placement::Hold(after)) => deliver(after),

@@ -317,26 +317,29 @@ pub fn due_lane(remaining: Duration, ttl: Duration, due_within: Duration) -> boo
 }
 
 /// [`place`], with the router timing under cascade whatever is left below
-/// `hold_up_to` and `lead` more itself (at least what [`place`] would
-/// hold), and beginning its last hold at least `lead` before the deadline
-/// ([`lead_the_last_hold`]).
+/// `hold_up_to` itself (at least what [`place`] would hold; `lead` more
+/// for a message back from a bucket, not `entering`), and beginning its
+/// last hold at least `lead` before the deadline ([`lead_the_last_hold`]).
 pub fn place_or_hold(
     strategy: PlacementStrategy,
     ladder: &Ladder,
     remaining: Duration,
     hold_up_to: Duration,
     lead: Duration,
+    entering: bool,
 ) -> Option<Placement> {
     if strategy != PlacementStrategy::Cascade {
         return place(strategy, ladder, remaining);
     }
-    if !remaining.is_zero() && remaining < hold_up_to.saturating_add(lead) {
+    let back_room = hold_up_to.saturating_add(lead);
+    let room = if entering { hold_up_to } else { back_room };
+    if !remaining.is_zero() && remaining < room {
         return Some(Placement::Hold(remaining));
     }
     let placed = place(strategy, ladder, remaining)?;
     Some(match placed {
         Placement::Bucket { rung, .. } => {
-            lead_the_last_hold(ladder, remaining, rung, hold_up_to, lead).unwrap_or(placed)
+            lead_the_last_hold(ladder, remaining, rung, back_room, lead).unwrap_or(placed)
         }
         Placement::Hold(_) => placed,
     })
@@ -345,9 +348,10 @@ pub fn place_or_hold(
 /// Cascade's bucket one rung lower, when the one it chose would bring the
 /// message back with a hold left shorter than `lead` (from
 /// [`ROUND_UP_WITHIN`] up; less than that comes back due) and a lower rung
-/// leaves one of at least `lead` that is still held (below `hold_up_to`
-/// and `lead` more: a grid step's remainder and the lead), not placed
-/// again: the same hops and the same one hold, begun earlier.
+/// leaves one of at least `lead` that is still held when it comes back
+/// (below `back_room`, the hold room and the lead: a grid step's remainder
+/// and the lead), not placed again: the same hops and the same one hold,
+/// begun earlier.
 ///
 /// A bucket's message is read when the router's thread next wakes, up to
 /// one coalescing tick after it comes back (`[amqp] coalesce`, the lead the
@@ -359,7 +363,7 @@ pub fn lead_the_last_hold(
     ladder: &Ladder,
     remaining: Duration,
     rung: usize,
-    hold_up_to: Duration,
+    back_room: Duration,
     lead: Duration,
 ) -> Option<Placement> {
     let left = remaining.checked_sub(ladder.rungs().get(rung)?.ttl)?;
@@ -368,13 +372,11 @@ pub fn lead_the_last_hold(
     }
     let lower = ladder.round_down(remaining.checked_sub(lead)?)?;
     let ttl = ladder.rungs()[lower].ttl;
-    (ttl >= HOLD_BELOW && remaining - ttl < hold_up_to.saturating_add(lead)).then_some(
-        Placement::Bucket {
-            rung: lower,
-            expiration: None,
-            priority: None,
-        },
-    )
+    (ttl >= HOLD_BELOW && remaining - ttl < back_room).then_some(Placement::Bucket {
+        rung: lower,
+        expiration: None,
+        priority: None,
+    })
 }
 
 /// Priority for a delay in `(lo, hi]`: the shorter the delay, the higher.
@@ -584,6 +586,7 @@ mod tests {
                 Duration::from_millis(left_ms),
                 room,
                 Duration::ZERO,
+                true,
             )
         };
         // Without room, the 250 ms rung: a hold only below it.
@@ -616,7 +619,8 @@ mod tests {
                     &plain,
                     Duration::from_millis(500),
                     HOLD_WITH_ROOM,
-                    Duration::ZERO
+                    Duration::ZERO,
+                    true
                 ),
                 Some(Placement::Bucket { .. })
             ));
@@ -638,6 +642,7 @@ mod tests {
             Duration::from_millis(left_ms),
             room,
             lead,
+            true,
         ) {
             Some(Placement::Bucket { rung, .. }) => l.rungs()[rung].label.clone(),
             other => panic!("{left_ms} ms: {other:?}"),
@@ -648,16 +653,30 @@ mod tests {
         assert_eq!(rung(14_050, HOLD_WITH_ROOM, LEAD), "12s");
         assert_eq!(rung(14_010, HOLD_WITH_ROOM, LEAD), "12s");
         assert_eq!(rung(15_050, HOLD_WITH_ROOM, LEAD), "14s");
-        assert_eq!(
+        let back_with = |left_ms, entering| {
             place_or_hold(
                 PlacementStrategy::Cascade,
                 &l,
-                Duration::from_millis(2_050),
+                Duration::from_millis(left_ms),
                 HOLD_WITH_ROOM,
-                LEAD
-            ),
+                LEAD,
+                entering,
+            )
+        };
+        assert_eq!(
+            back_with(2_050, false),
             Some(Placement::Hold(Duration::from_millis(2_050)))
         );
+        // Entering with as much it takes a bucket, as it did before the
+        // lead: the extra room is for what the lead sent to a lower rung.
+        assert!(matches!(
+            back_with(2_050, true),
+            Some(Placement::Bucket { .. })
+        ));
+        assert!(matches!(
+            back_with(2_100, false),
+            Some(Placement::Bucket { .. })
+        ));
         // At least the lead left, or so little that it comes back due: as before.
         assert_eq!(rung(14_100, HOLD_WITH_ROOM, LEAD), "14s");
         assert_eq!(rung(14_009, HOLD_WITH_ROOM, LEAD), "14s");
@@ -688,7 +707,7 @@ mod tests {
             let walk = |lead: Duration| {
                 let (mut left, mut buckets, mut waited) = (Duration::from_millis(ms), 0u32, Duration::ZERO);
                 let mut last_hold = None;
-                while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &eff, left, HOLD_WITH_ROOM, lead) {
+                while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &eff, left, HOLD_WITH_ROOM, lead, buckets == 0) {
                     match p {
                         Placement::Hold(d) => {
                             last_hold = Some(d);
@@ -733,7 +752,7 @@ mod tests {
             );
             let (mut left, mut buckets, mut last) = (Duration::from_millis(ms), 0, None);
             let lag = Duration::from_millis(lag_ms);
-            while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD) {
+            while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, buckets == 0) {
                 match p {
                     Placement::Hold(hold) => {
                         prop_assert!(
@@ -766,7 +785,7 @@ mod tests {
             );
             let left = Duration::from_millis(left_ms);
             let Some(Placement::Bucket { rung, .. }) =
-                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD)
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, true)
             else {
                 panic!("{left:?} not placed");
             };
@@ -785,7 +804,7 @@ mod tests {
             );
             let left = Duration::from_millis(left_ms);
             let Some(Placement::Bucket { rung, .. }) =
-                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD)
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, true)
             else {
                 panic!("{left:?} not placed");
             };
@@ -877,6 +896,7 @@ mod tests {
                 left,
                 HOLD_WITH_ROOM,
                 Duration::ZERO,
+                true,
             ) {
                 hops += 1;
                 left = (left + Duration::from_millis(3)).saturating_sub(eff.rungs()[rung].ttl);
