@@ -228,9 +228,11 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     h.start_router().await;
     let q = h.queue("dest").await;
     // Ten in the 5s bucket, ten in 15s (three laps of 5s, which the new
-    // ladder's top rung 2s does not have either).
+    // ladder's top rung 2s does not have either). Each at least the
+    // coalescing tick (100 ms) over its rung: with less left to hold,
+    // cascade would begin the hold a rung lower (4s).
     let delays: Vec<u64> = (0..20)
-        .map(|i| if i < 10 { 5_000 } else { 15_000 } + i * 50)
+        .map(|i| if i < 10 { 5_100 } else { 15_000 } + i * 50)
         .collect();
     let sent = send(&h, &q, &delays).await;
     let removed = format!("{}.bucket.5s", h.prefix);
