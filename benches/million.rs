@@ -27,7 +27,10 @@
 //! arrived or BENCH_GRACE_SECS (600) after the last is due; what the router's queues
 //! still hold then is reported as late, not lost.
 //!
-//! `cargo bench --bench million` against the Debian broker; for RabbitMQ 4.x:
+//! `cargo bench --bench million` against the Debian broker; for RabbitMQ 4.x,
+//! start a node with room for the million (`RMQ4_MEMORY=4GiB
+//! scripts/ensure-rabbitmq4 --nodes 1`: the script's default 512 MiB, sized
+//! for CI, raises the memory alarm within seconds of the publish), then
 //! BENCH_URL=amqp://guest:guest@127.0.0.1:5682/%2f
 //! BENCH_CTL=scripts/rabbitmqctl4 BENCH_QUEUE_TYPE=quorum. BENCH_BIN runs
 //! another build of the router instead of this one (an A/B in two runs).
