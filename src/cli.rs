@@ -47,6 +47,9 @@ pub enum Command {
         /// The publishers' broker user.
         #[arg(long, default_value = "PUBLISHER")]
         publisher: String,
+        /// The broker user who may cancel waiting messages.
+        #[arg(long, default_value = "CONTROLLER")]
+        controller: String,
     },
 }
 
@@ -137,8 +140,13 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
                 ids.len()
             );
         }
-        Command::Permissions { config, publisher } => {
-            print!("{}", permissions::report(&load(&config)?, &publisher));
+        Command::Permissions {
+            config,
+            publisher,
+            controller,
+        } => {
+            let config = load(&config)?;
+            print!("{}", permissions::report(&config, &publisher, &controller));
         }
     }
     Ok(())

@@ -1,5 +1,5 @@
 //! Cancel by message-id: by the CLI and by a message with
-//! `x-cancel-message-id`; tombstones survive a router restart and are shared
+//! `x-cancel-message-id` on the control exchange; tombstones survive a router restart and are shared
 //! by every router of the prefix; an unknown id harms nothing.
 
 mod common;
@@ -56,7 +56,7 @@ async fn cancelled_messages_never_arrive_across_a_restart() {
     // Two by the CLI (with an id nobody used), one by a message.
     let said = cli_cancel(&file, &["a", "b", "never-sent"]);
     assert!(said.contains("cancelled 3 message-id(s)"), "{said}");
-    h.publish("", cancel_request("c"), b"").await;
+    h.publish_control(cancel_request("c"), b"").await;
     // The router restarts between the cancel and the due time.
     tokio::time::sleep(Duration::from_millis(500)).await;
     h.stop_router().await.expect("stopped cleanly");
@@ -111,7 +111,7 @@ async fn two_routers_share_the_tombstones() {
     // even ones: the broker hands expiries to the two consumers in turn, so
     // one router could take every even one.)
     for id in &ids[..10] {
-        h.publish("", cancel_request(id), b"").await;
+        h.publish_control(cancel_request(id), b"").await;
     }
     let got = arrivals(&h, &q, Duration::from_secs(10)).await;
     let want: BTreeMap<String, usize> = ids[10..].iter().map(|id| (id.clone(), 1)).collect();
@@ -136,12 +136,12 @@ async fn two_routers_share_the_tombstones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_request_without_an_id_is_parked_with_a_reason() {
     let mut h = Harness::start(&LADDER).await;
-    h.publish("", cancel_request(""), b"").await;
+    h.publish_control(cancel_request(""), b"").await;
     let bad = BasicProperties::default().with_headers(headers(&[(
         "x-cancel-message-id",
         lapin::types::AMQPValue::LongLongInt(5),
     )]));
-    h.publish("", bad, b"").await;
+    h.publish_control(bad, b"").await;
     let parked = h
         .receive(h.names.parked.as_str(), 2, Duration::from_secs(5))
         .await;

@@ -6,6 +6,7 @@
 //!
 //! PROPTEST_CASES raises the case count for a long local run.
 
+use delay_router::core::clock::Clock;
 use delay_router::core::decision::{Action, Context, Delivery, Rules, Source};
 use delay_router::core::envelope::{leave_transit, read_transit};
 use delay_router::core::ladder::Ladder;
@@ -63,7 +64,7 @@ proptest! {
     ) {
         let hold_up_to = std::time::Duration::from_millis(hold_ms);
         let rk = ShortString::try_new(rk).unwrap_or_else(|_| "k".into());
-        let cx = |now_ms| Context { now_ms, stamp_ms: now_ms, unit, frame_max, cancelled, hold_up_to };
+        let cx = |now_ms| Context { clock: Clock::at_ms(now_ms), unit, frame_max, cancelled, hold_up_to };
         for rules in rules() {
             let delivery = |source, properties: &BasicProperties| {
                 let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties: Cow::Borrowed(properties), body: &body };

@@ -43,6 +43,7 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
     let declared = async {
         let none = FieldTable::default;
         exchange(&ch, &names.router_exchange, ExchangeKind::Fanout, none()).await?;
+        exchange(&ch, &names.control, ExchangeKind::Fanout, none()).await?;
         exchange(&ch, &names.expired_exchange, ExchangeKind::Fanout, none()).await?;
         exchange(&ch, &names.lanes_later, ExchangeKind::Fanout, none()).await?;
         exchange(
@@ -102,8 +103,9 @@ async fn bindings(ch: &Channel, names: &Names) -> Result<(), BrokerError> {
         "queue.unbind {} from {}",
         names.expired, names.expired_exchange
     );
-    let (ingress, expired, due, lanes, old) = futures_util::join!(
+    let (ingress, control, expired, due, lanes, old) = futures_util::join!(
         bind(ch, &names.ingress, &names.router_exchange, none()),
+        bind(ch, &names.ingress, &names.control, none()),
         bind(ch, &names.expired, &names.lanes_later, none()),
         bind(ch, &names.due, &names.lanes, due_binding()),
         timed(
@@ -130,6 +132,7 @@ async fn bindings(ch: &Channel, names: &Names) -> Result<(), BrokerError> {
         ),
     );
     ingress?;
+    control?;
     expired?;
     due?;
     lanes?;

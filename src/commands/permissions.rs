@@ -5,8 +5,9 @@ use crate::config::Config;
 use crate::core::security::Permissions;
 use crate::core::topology::Names;
 
-/// One commented `rabbitmqctl set_permissions` command per user.
-pub fn report(config: &Config, publisher: &str) -> String {
+/// One commented `rabbitmqctl set_permissions` command per user: the
+/// router's, a publisher's and a controller's (who may cancel).
+pub fn report(config: &Config, publisher: &str, controller: &str) -> String {
     let names = Names::new(&config.prefix);
     let vhost = config.url.vhost();
     let router = Permissions::router(&names, config.allow_destinations.as_ref());
@@ -23,6 +24,11 @@ pub fn report(config: &Config, publisher: &str) -> String {
     out.push_str(&router.command(vhost, config.url.username()));
     out.push_str("\n# Each publisher: write on the router exchange, nothing else.\n");
     out.push_str(&Permissions::publisher(&names).command(vhost, publisher));
+    out.push_str(
+        "\n# Whoever may cancel (delay-router cancel, x-cancel-message-id): write on the\n\
+         # control exchange, nothing else. A publisher without it cannot cancel.\n",
+    );
+    out.push_str(&Permissions::controller(&names).command(vhost, controller));
     out.push('\n');
     out
 }
@@ -34,18 +40,19 @@ mod tests {
     #[test]
     fn the_report_names_both_users_and_asks_for_destinations_when_unlisted() {
         let shipped = Config::from_toml(include_str!("../../buckets.toml")).unwrap();
-        let text = report(&shipped, "app");
+        let text = report(&shipped, "app", "ops");
         assert!(
             text.contains("rabbitmqctl set_permissions -p '/' 'guest' '^delay\\.'"),
             "{text}"
         );
         assert!(text.contains("YOUR-DESTINATION-EXCHANGES"), "{text}");
         assert!(text.contains("'app' '' '^delay\\.router$' ''"), "{text}");
+        assert!(text.contains("'ops' '' '^delay\\.control$' ''"), "{text}");
         let listed = Config::from_toml(
             "[security]\nallow_destinations = [\"orders\", \"\"]\n[[bucket]]\nttl = \"1s\"",
         )
         .unwrap();
-        let text = report(&listed, "app");
+        let text = report(&listed, "app", "ops");
         assert!(!text.contains("YOUR-DESTINATION-EXCHANGES"), "{text}");
         assert!(text.contains("|orders)$'"), "{text}");
     }

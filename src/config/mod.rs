@@ -139,12 +139,9 @@ pub enum ConfigError {
     Ladder(#[from] LadderError),
 }
 
-/// Default longest coalescing tick (`[amqp] coalesce`, see `router::coalesce`):
-/// it is slept whole only below about 100 deliveries a second, where a
-/// wake-up costs more than the deliveries it handles; above 250 a second a
-/// tick is the time 4 deliveries take (README, Performance: "What a wake-up
-/// costs"). `"0s"` turns it off.
-pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
+/// Default `[amqp] coalesce`: off. A tick delays every message read from a
+/// queue by up to its length, which a user pays at every rate.
+pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::ZERO;
 /// The longest `[amqp] coalesce` accepted: every message may wait this much
 /// more at each hop.
 pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);

@@ -21,7 +21,7 @@ fn shipped_file_loads_with_the_documented_ladder() {
         crate::core::envelope::TransitFormat::Compact
     );
     assert_eq!((c.prefetch, c.inflight_bytes), (500, 64 << 20));
-    assert_eq!(c.coalesce, Duration::from_millis(100));
+    assert_eq!(c.coalesce, Duration::ZERO);
     assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
 }
 

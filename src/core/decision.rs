@@ -18,18 +18,19 @@ mod plan;
 pub use plan::{Action, Plan};
 
 use crate::core::cancel;
+use crate::core::clock::Clock;
 use crate::core::contract;
 use crate::core::envelope::{self, Overrides, Transit, TransitFormat};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
 use crate::core::parking;
 use crate::core::placement::{self, Placement, PlacementStrategy};
-use crate::core::reasons::ParkReason;
+use crate::core::reasons::{self, ParkReason};
 use crate::core::retry::Policy;
 use crate::core::security::AllowList;
 use crate::core::topology::{self, Names, QueueType, Topology};
 use lapin::BasicProperties;
-use lapin::types::ShortString;
+use lapin::types::{FieldTable, ShortString};
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -85,11 +86,9 @@ pub struct Delivery<'a> {
 /// What a decision depends on besides the delivery and the rules.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Context {
-    /// The clock rounded down, in ms since the Unix epoch: deadlines compared
-    /// with it are never reached early.
-    pub now_ms: i64,
-    /// The clock rounded up: deadlines are stamped from it.
-    pub stamp_ms: i64,
+    /// Now: deadlines are stamped from it rounded up and compared with it
+    /// rounded down ([`Clock`]).
+    pub clock: Clock,
     /// A random number in `[0, 1)`, for retry jitter and the choice of a
     /// rung's queue.
     pub unit: f64,
@@ -302,7 +301,7 @@ impl Rules {
         };
         let mut retry_policy = None;
         let action = match d.source {
-            Source::Ingress => match self.cancel_request(&props, cx.stamp_ms) {
+            Source::Ingress => match self.cancel_request(&props, d.exchange, cx.clock.up_ms()) {
                 Some(action) => action,
                 None => {
                     let sender = identity::ensure_message_id(
@@ -311,48 +310,47 @@ impl Rules {
                         d.routing_key.as_str(),
                         d.body,
                     );
-                    let clock = ingress::Clock {
-                        stamp_ms: cx.stamp_ms,
-                        now_ms: cx.now_ms,
-                    };
                     let (action, policy) = self.admit_and_schedule(
                         d.routing_key,
                         &sender,
-                        clock,
+                        cx.clock,
                         cx.unit,
                         cx.hold_up_to,
                     );
                     retry_policy = policy;
-                    self.within_frame(action, || sender.into_owned(), cx.now_ms, cx.frame_max)
+                    self.within_frame(
+                        action,
+                        || sender.into_owned(),
+                        cx.clock.down_ms(),
+                        cx.frame_max,
+                    )
                 }
             },
             Source::Expired | Source::Due => {
                 let action = if cx.cancelled {
-                    cancelled(&props, cx.now_ms)
+                    cancelled(&props, cx.clock.down_ms())
                 } else {
-                    self.expired_holding(&props, cx.now_ms, cx.hold_up_to, cx.unit)
+                    self.expired_holding(&props, cx.clock.down_ms(), cx.hold_up_to, cx.unit)
                 };
                 let sender = || envelope::sender_properties(&props);
-                self.within_frame(action, sender, cx.now_ms, cx.frame_max)
+                self.within_frame(action, sender, cx.clock.down_ms(), cx.frame_max)
             }
         };
         Plan {
             action,
-            decided_ms: cx.now_ms,
+            decided_ms: cx.clock.down_ms(),
             frame_max: cx.frame_max,
             retry_policy,
         }
     }
 
-    /// A message published with `x-cancel-message-id`: a tombstone for the
-    /// stream, or parked when the id is unreadable. `None` for other messages.
-    /// A message a work queue rejected (it has `x-death`) is never one: it
-    /// goes on as a retry whatever its headers say.
-    fn cancel_request(&self, p: &BasicProperties, now_ms: i64) -> Option<Action> {
-        let headers = p.headers().as_ref()?;
-        if headers.contains_key("x-death") {
-            return None;
-        }
+    /// A message published to the control exchange: a tombstone for the
+    /// stream, or parked when it is no cancel request or its id is
+    /// unreadable. A cancel request published anywhere else is parked: only
+    /// those who may write to the control exchange cancel. `None` for other
+    /// messages. A message a work queue rejected (it has `x-death`) is never
+    /// one: it goes on as a retry whatever its headers say.
+    fn cancel_request(&self, p: &BasicProperties, exchange: &str, now_ms: i64) -> Option<Action> {
         let refused = |why: String| {
             let reason = ParkReason::InvalidCancel(why);
             Action::Park {
@@ -360,6 +358,24 @@ impl Rules {
                 reason,
             }
         };
+        let control = self.names.control.as_str();
+        let empty = FieldTable::default();
+        let headers = p.headers().as_ref().unwrap_or(&empty);
+        if exchange == control {
+            if contract::cancel_request(headers).is_none() {
+                return Some(refused(format!(
+                    "a message on the control exchange '{control}' without {}",
+                    contract::CANCEL_MESSAGE_ID
+                )));
+            }
+        } else if headers.contains_key("x-death") || contract::cancel_request(headers).is_none() {
+            return None;
+        } else {
+            return Some(refused(format!(
+                "cancel requests go to the control exchange '{control}', not '{}'",
+                reasons::exchange_label(exchange)
+            )));
+        }
         Some(match contract::cancel_request(headers)? {
             Ok(id) if id.as_str().is_empty() => {
                 refused(format!("{} is empty", contract::CANCEL_MESSAGE_ID))
@@ -377,18 +393,17 @@ impl Rules {
 
     /// Places a message with `transit` in a bucket (the rung's queue that
     /// `unit`, in `[0, 1)`, picks among its shards), or delivers it when due.
+    /// `remaining` is how long it still has to wait: at ingress the delay
+    /// as requested, after a bucket the time to its deadline.
     fn schedule(
         &self,
         p: &BasicProperties,
         mut transit: Transit,
-        now_ms: i64,
+        remaining: Duration,
         entering: bool,
         hold_up_to: Duration,
         unit: f64,
     ) -> Action {
-        let remaining = Duration::from_millis(
-            u64::try_from(transit.deadline_ms.saturating_sub(now_ms)).unwrap_or(0),
-        );
         let deliver = |after| Action::Deliver {
             properties: if entering {
                 p.clone()
@@ -463,7 +478,8 @@ impl Rules {
     ) -> Action {
         match envelope::read_transit(p) {
             Ok(transit) => {
-                let action = self.schedule(p, transit, now_ms, false, hold_up_to, unit);
+                let remaining = time_to(transit.deadline_ms, now_ms);
+                let action = self.schedule(p, transit, remaining, false, hold_up_to, unit);
                 self.publishable(action, now_ms)
             }
             Err(e) => {
@@ -475,6 +491,11 @@ impl Rules {
             }
         }
     }
+}
+
+/// The time from `now_ms` to `deadline_ms`; zero once it has passed.
+fn time_to(deadline_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(deadline_ms.saturating_sub(now_ms)).unwrap_or(0))
 }
 
 /// A message whose message-id was cancelled, out of a bucket: parked with
@@ -500,5 +521,7 @@ mod decide_tests;
 mod frame_tests;
 #[cfg(test)]
 mod retry_tests;
+#[cfg(test)]
+mod rung_tests;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 //! other modules are its parts.
 
 pub mod cancel;
+pub mod clock;
 pub mod compat;
 pub mod contract;
 pub mod decision;

@@ -46,7 +46,9 @@ impl Policy {
         let base = self.initial.as_secs_f64() * self.multiplier.powi(exp);
         let capped = base.min(self.max_delay.as_secs_f64());
         let d = capped * (1.0 - self.jitter * unit.clamp(0.0, 1.0));
-        Duration::from_secs_f64(d.max(0.0))
+        // Whole milliseconds, to the nearest: 1 s × 1.1 is 1,100 ms, not a
+        // hair over it (which would wait in the rung above 1,100 ms).
+        Duration::from_millis((d.max(0.0) * 1_000.0).round() as u64)
             .max(Duration::from_millis(1))
             .min(self.max_delay)
     }
@@ -247,7 +249,8 @@ mod tests {
             let exact = Policy { jitter: 0.0, ..policy() }.delay(failure, 0.0).as_secs_f64();
             let d = p.delay(failure, unit).as_secs_f64();
             prop_assert!(d <= exact + 1e-9);
-            prop_assert!(d >= (exact * (1.0 - jitter) - 1e-9).max(0.001 - 1e-9));
+            // Rounded to the nearest millisecond.
+            prop_assert!(d >= (exact * (1.0 - jitter) - 0.0005 - 1e-9).max(0.001 - 1e-9));
         }
     }
 }

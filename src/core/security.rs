@@ -135,6 +135,18 @@ impl Permissions {
         }
     }
 
+    /// What a user who may cancel needs (`delay-router cancel`, or a cancel
+    /// request published by an application): write on the control exchange,
+    /// nothing else. Granted apart from [`Permissions::publisher`], so that
+    /// whoever may delay a message cannot remove another's.
+    pub fn controller(names: &Names) -> Self {
+        Self {
+            configure: String::new(),
+            write: format!("^{}$", glob_to_regex(names.control.as_str())),
+            read: String::new(),
+        }
+    }
+
     /// The `rabbitmqctl` command that grants these to `user` on `vhost`.
     pub fn command(&self, vhost: &str, user: &str) -> String {
         format!(

@@ -39,6 +39,10 @@ pub struct Names {
     /// `<prefix>.presence`: the fanout exchange routers announce themselves on;
     /// each listens on an exclusive queue `<prefix>.presence.<instance>`.
     pub presence: ShortString,
+    /// `<prefix>.control`: where cancel requests are published (fanout,
+    /// bound to [`Names::ingress`]). Its write permission is granted apart
+    /// from the router exchange's: a publisher cannot cancel.
+    pub control: ShortString,
     /// `<prefix>.cancels`: a stream of tombstones (cancelled message-ids)
     /// every router of the prefix reads at start and follows.
     pub cancels: ShortString,
@@ -63,6 +67,7 @@ impl Names {
             parked: n("parked"),
             state: n("state"),
             presence: n("presence"),
+            control: n("control"),
             cancels: n("cancels"),
         }
     }
@@ -81,9 +86,10 @@ impl Names {
     }
 
     /// The router's own exchanges.
-    pub fn own_exchanges(&self) -> [&ShortString; 5] {
+    pub fn own_exchanges(&self) -> [&ShortString; 6] {
         [
             &self.router_exchange,
+            &self.control,
             &self.expired_exchange,
             &self.lanes,
             &self.lanes_later,

@@ -2,7 +2,17 @@
 //! stamped rounded up and compared rounded down, so a message is never
 //! delivered even a fraction of a millisecond early.
 
+use crate::core::clock::Clock;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Now, as a decision reads it.
+pub fn now() -> Clock {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    Clock::from_unix_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
 
 /// Now, rounded down: a deadline compared with it is never reached early.
 pub fn now_ms() -> i64 {

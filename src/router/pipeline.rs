@@ -94,7 +94,7 @@ impl Pipeline {
         let window_max = self.prefetch.saturating_add(room);
         consumers.push(subscribe(&consume_ch, &queue, &tag, window_max).await?);
         info!(queue = %queue, prefetch = window_max, hold_room = room, "consuming");
-        self.health.consuming(&self.stats);
+        self.health.consuming(&self.stats, self.source.name());
         let tracker = TaskTracker::new();
         let mut window = PrefetchWindow::new(window_max, self.inflight_bytes);
         let (settler, settled) = tokio::sync::mpsc::unbounded_channel();
@@ -178,7 +178,7 @@ impl Pipeline {
             },
             Err(e) => format!("broker session lost: {e}"),
         };
-        self.health.stopped(&self.stats, &why);
+        self.health.stopped(&self.stats, self.source.name(), &why);
         // On a fault the deliveries not yet published stay so: their sources
         // come back from the broker, and a publish now could not be acked
         // (each one would arrive twice). A clean stop finishes them.
@@ -222,7 +222,8 @@ impl Pipeline {
         hold_cap: usize,
     ) -> Result<(), SessionError> {
         super::coalesce::delivered();
-        let now_ms = clock::now_ms();
+        let now = clock::now();
+        let now_ms = now.down_ms();
         let cancelled = match self.source {
             Source::Ingress => {
                 self.stats.record_received();
@@ -241,8 +242,7 @@ impl Pipeline {
             }
         };
         let cx = Context {
-            now_ms,
-            stamp_ms: clock::stamp_ms(),
+            clock: now,
             unit: rand::random::<f64>(),
             frame_max: self.publish_conn.configuration().frame_max(),
             cancelled,

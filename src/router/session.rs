@@ -191,6 +191,9 @@ pub async fn run(
     };
     shared
         .health
+        .expect(&shared.stats, Source::ALL.map(Source::name));
+    shared
+        .health
         .set_reason("reading the cancels stream before consuming");
     let mut pipelines = Vec::new();
     let due_first = Arc::new(super::gate::DueFirst::default());

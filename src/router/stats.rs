@@ -498,7 +498,7 @@ impl Stats {
         self.tombstones.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// Whether the router consumes ingress and expired.
+    /// Whether every consumer of the router consumes.
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
     }

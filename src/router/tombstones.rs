@@ -183,7 +183,7 @@ async fn write_marker(conn: &Connection, names: &Names, token: &str) -> Result<(
 }
 
 /// Writes one record to the cancels stream and waits for the broker's confirm.
-pub async fn write(
+async fn write(
     conn: &Connection,
     names: &Names,
     properties: &lapin::BasicProperties,

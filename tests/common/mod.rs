@@ -377,6 +377,24 @@ impl Harness {
         assert!(c.is_ack());
     }
 
+    /// Publishes to the control exchange (cancel requests) and waits for the confirm.
+    pub async fn publish_control(&self, props: BasicProperties, body: &[u8]) {
+        let c = self
+            .ch
+            .basic_publish(
+                self.names.control.clone(),
+                "".into(),
+                BasicPublishOptions::default(),
+                body,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(c.is_ack());
+    }
+
     /// Publishes to the router exchange without waiting: the confirm, to
     /// await later (a publisher that must keep a pace).
     pub async fn publish_unawaited(

@@ -3,6 +3,7 @@
 
 use super::tests::{NOW, rules};
 use super::*;
+use crate::core::clock::Clock;
 use crate::core::contract::ORIGINAL_EXCHANGE;
 use crate::core::parking::Failure;
 use crate::core::wire;
@@ -16,8 +17,7 @@ fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
     let cx = Context {
-        now_ms: NOW,
-        stamp_ms: NOW,
+        clock: Clock::at_ms(NOW),
         unit: 0.0,
         frame_max: 131_072,
         cancelled: false,
@@ -63,8 +63,7 @@ fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
     ])
     .with_message_id("m".into());
     let cx = Context {
-        now_ms: NOW,
-        stamp_ms: NOW,
+        clock: Clock::at_ms(NOW),
         unit: 0.0,
         frame_max: 131_072,
         cancelled: false,
@@ -191,8 +190,7 @@ fn an_x_deliver_at_held_at_ingress_is_timed_from_now_rounded_down() {
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
     let cx = Context {
-        now_ms: NOW,
-        stamp_ms: NOW + 1,
+        clock: Clock::from_unix_nanos(NOW as u64 * 1_000_000 + 400_000),
         unit: 0.0,
         frame_max: 131_072,
         cancelled: false,
@@ -224,8 +222,7 @@ fn the_draw_picks_a_rungs_queue_and_every_hop_may_take_another() {
     let rules = rules().with_bucket_shards(Some(4));
     let decide = |source, p: &BasicProperties, unit| {
         let cx = Context {
-            now_ms: NOW,
-            stamp_ms: NOW,
+            clock: Clock::at_ms(NOW),
             unit,
             frame_max: 131_072,
             cancelled: false,
@@ -280,4 +277,52 @@ fn the_draw_picks_a_rungs_queue_and_every_hop_may_take_another() {
         panic!()
     };
     assert_eq!((pa, ta), (pb, tb));
+}
+
+#[test]
+fn only_the_control_exchange_takes_cancel_requests() {
+    let cancel = props(&[("x-cancel-message-id", s("order-7"))]);
+    let plain = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(1500)),
+        (ORIGINAL_EXCHANGE, s("orders")),
+    ]);
+    let cx = Context {
+        clock: Clock::at_ms(NOW),
+        unit: 0.0,
+        frame_max: 131_072,
+        cancelled: false,
+        hold_up_to: crate::core::placement::HOLD_BELOW,
+    };
+    let decide = |exchange: &str, p: &BasicProperties| {
+        rules()
+            .decide(
+                Delivery {
+                    source: Source::Ingress,
+                    exchange,
+                    routing_key: &"".into(),
+                    properties: Cow::Borrowed(p),
+                    body: b"",
+                },
+                &cx,
+            )
+            .action
+    };
+    assert!(
+        matches!(decide("t.control", &cancel), Action::Cancel { message_id, .. } if message_id.as_str() == "order-7")
+    );
+    for exchange in ["t.router", ""] {
+        match decide(exchange, &cancel) {
+            Action::Park { reason, .. } => {
+                assert!(reason.to_string().contains("'t.control'"), "{reason}")
+            }
+            other => panic!("a cancel request on '{exchange}': {other:?}"),
+        }
+    }
+    match decide("t.control", &plain) {
+        Action::Park { reason, .. } => assert!(
+            reason.to_string().contains("without x-cancel-message-id"),
+            "{reason}"
+        ),
+        other => panic!("a plain message on the control exchange: {other:?}"),
+    }
 }

@@ -3,6 +3,7 @@
 //! destination and a deadline, or refused with a reason.
 
 use super::{Action, Rules};
+use crate::core::clock::Clock;
 use crate::core::contract::{
     self, DELIVER_AT, DeliverAtError, Destination, MAX_DELAY, REQUESTED_DELAY,
 };
@@ -19,6 +20,16 @@ use std::time::Duration;
 
 /// A retry policy's delay for this attempt, and the policy's name.
 type PolicyDelay = (Duration, String);
+
+/// A message the router will place: where it goes and by when, how long it
+/// waits from now, the properties it travels with, and the retry policy
+/// that scheduled it.
+struct Admitted<'a> {
+    transit: Transit,
+    wait: Duration,
+    properties: Cow<'a, BasicProperties>,
+    policy: Option<String>,
+}
 
 /// A message the router will not place: parked with this reason, the
 /// destination when known, and the properties to park it with.
@@ -41,18 +52,10 @@ fn refuse(
     })
 }
 
-/// Now, as the ingress reads it: rounded up to stamp deadlines, rounded
-/// down to count the time left (`crate::router::clock`).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Clock {
-    pub stamp_ms: i64,
-    pub now_ms: i64,
-}
-
 impl Rules {
     /// A message published to the router exchange (or dead-lettered into it
-    /// by a work queue whose consumer rejected it). `unit` is a random number
-    /// in `[0, 1)` for retry jitter.
+    /// by a work queue whose consumer rejected it), read at exactly `now_ms`.
+    /// `unit` is a random number in `[0, 1)` for retry jitter.
     pub fn on_ingress(
         &self,
         routing_key: &ShortString,
@@ -60,18 +63,18 @@ impl Rules {
         now_ms: i64,
         unit: f64,
     ) -> Action {
-        let clock = Clock {
-            stamp_ms: now_ms,
-            now_ms,
-        };
+        let clock = Clock::at_ms(now_ms);
         self.admit_and_schedule(routing_key, p, clock, unit, placement::HOLD_BELOW)
             .0
     }
 
     /// As [`Rules::on_ingress`], with the retry policy that scheduled it.
-    /// Deadlines are stamped from `clock.stamp_ms` (now rounded up); the time
-    /// left is counted from `clock.now_ms` (rounded down), so a hold never
-    /// ends before an `x-deliver-at` even by a fraction of a millisecond.
+    /// Deadlines are stamped from the clock rounded up. Where the message
+    /// waits is decided from the delay as requested (a retry policy's delay,
+    /// `x-requested-delay`), never from clock arithmetic: a delay equal to a
+    /// rung gets that rung. An `x-deliver-at` waits from the clock rounded
+    /// down, so a hold never ends before it even by a fraction of a
+    /// millisecond.
     pub(super) fn admit_and_schedule(
         &self,
         routing_key: &ShortString,
@@ -80,10 +83,15 @@ impl Rules {
         unit: f64,
         hold_up_to: Duration,
     ) -> (Action, Option<String>) {
-        let now_ms = clock.stamp_ms;
-        match self.admit(routing_key, p, now_ms, unit) {
-            Ok((transit, p, policy)) => {
-                let action = self.schedule(&p, transit, clock.now_ms, true, hold_up_to, unit);
+        let now_ms = clock.up_ms();
+        match self.admit(routing_key, p, clock, unit) {
+            Ok(Admitted {
+                transit,
+                wait,
+                properties,
+                policy,
+            }) => {
+                let action = self.schedule(&properties, transit, wait, true, hold_up_to, unit);
                 (self.publishable(action, now_ms), policy)
             }
             Err(r) => {
@@ -105,9 +113,10 @@ impl Rules {
         &self,
         routing_key: &ShortString,
         p: &'a BasicProperties,
-        now_ms: i64,
+        clock: Clock,
         unit: f64,
-    ) -> Result<(Transit, Cow<'a, BasicProperties>, Option<String>), Box<Refusal>> {
+    ) -> Result<Admitted<'a>, Box<Refusal>> {
+        let now_ms = clock.up_ms();
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
         let explicit = headers.inner().get(REQUESTED_DELAY);
@@ -139,7 +148,12 @@ impl Rules {
         // What the broker checked on the sender's publish holds, except a
         // user-id: the router publishes as its own user.
         wire::acceptable(&p, &self.router_user).map_err(|e| park(ParkReason::Unacceptable(e)))?;
-        let deadline_ms = match (deliver_at, explicit, policy_delay) {
+        let after = |delay: Duration| {
+            // A fraction of a millisecond counts as a whole one: never early.
+            let ms = i64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
+            (now_ms.saturating_add(ms), delay)
+        };
+        let (deadline_ms, wait) = match (deliver_at, explicit, policy_delay) {
             (Some(v), _, _) => {
                 let at = contract::parse_deliver_at(v)
                     .map_err(|e| park(ParkReason::InvalidDeliverAt(e)))?;
@@ -149,16 +163,13 @@ impl Rules {
                     return Err(park(ParkReason::InvalidDeliverAt(shown)));
                 }
                 // A time in the past is due now.
-                at.max(now_ms)
+                let wait = u64::try_from(at.saturating_sub(clock.down_ms())).unwrap_or(0);
+                (at.max(now_ms), Duration::from_millis(wait))
             }
             (None, Some(v), _) => {
-                let delay =
-                    contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?;
-                now_ms.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+                after(contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?)
             }
-            (None, None, Some(d)) => {
-                now_ms.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            }
+            (None, None, Some(d)) => after(d),
             (None, None, None) => return Err(park(ParkReason::MissingDelay)),
         };
         let transit = Transit {
@@ -166,7 +177,12 @@ impl Rules {
             deadline_ms,
             hops: 0,
         };
-        Ok((transit, p, policy))
+        Ok(Admitted {
+            transit,
+            wait,
+            properties: p,
+            policy,
+        })
     }
 
     /// The zero-code path: a message a work queue's consumer rejected goes back
