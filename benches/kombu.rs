@@ -23,75 +23,35 @@
 //! kombu is installed from PyPI into a virtualenv (BENCH_VENV, default
 //! `target/tmp/kombu-venv`) on first use; its code is never part of this
 //! repository. `benches/kombu/driver.py` asks kombu to declare its topology
-//! and to compute the routing keys. The broker's process id comes from
+//! and to compute the routing keys (benches/kombu_topology, shared with the
+//! sweep bench). The broker's process id comes from
 //! `BENCH_CTL eval 'os:getpid().'` (default `rabbitmqctl`), or BENCH_BROKER_PID.
 //!
 //! `cargo bench --bench kombu`
 
+mod kombu_topology;
 mod procfs;
 mod routerproc;
 mod workload;
 
 use delay_router::testkit::consume::{Acks, Consumer};
+use kombu_topology::Topology;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use routerproc::RouterProcess;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use workload::{Rng, env_or, percentile};
 
-const KOMBU: &str = "kombu>=5.5,<6";
 const MIN_DELAY_MS: u64 = 1_000;
 const MAX_DELAY_MS: u64 = 60_000;
 const IDLE_SAMPLE: Duration = Duration::from_secs(5);
 
 fn url() -> String {
     std::env::var("BENCH_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The virtualenv's python, with kombu installed (from PyPI, on first use).
-fn kombu_python() -> PathBuf {
-    let venv = std::env::var_os("BENCH_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("kombu-venv"));
-    let python = venv.join("bin/python");
-    let has_kombu = |p: &Path| {
-        Command::new(p)
-            .args(["-c", "import kombu.transport.native_delayed_delivery"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if has_kombu(&python) {
-        return python;
-    }
-    if run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).is_err() {
-        // Debian splits venv out of python3.
-        println!("python3 -m venv failed: installing python3-venv with apt-get");
-        run(Command::new("apt-get").args(["install", "-y", "-q", "python3-venv"]))
-            .expect("apt-get install python3-venv");
-        run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).expect("python3 -m venv");
-    }
-    run(Command::new(venv.join("bin/pip")).args(["install", "-q", KOMBU]))
-        .expect("pip install kombu");
-    assert!(has_kombu(&python), "kombu installed but not importable");
-    python
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -132,10 +92,15 @@ impl Measured {
 }
 
 /// Where a lane publishes each message.
-struct Target {
-    exchange: String,
-    routing_keys: Vec<String>,
-    headers: Option<(String, String)>,
+enum Target<'a> {
+    /// The router's exchange, with the destination (exchange, routing key)
+    /// in headers.
+    Router {
+        exchange: String,
+        destination: (String, String),
+    },
+    /// kombu's top level, with the routing key of each message's countdown.
+    Kombu(&'a Topology),
 }
 
 struct Workload {
@@ -149,7 +114,7 @@ struct Workload {
 async fn drive(
     conn: &Connection,
     w: &Workload,
-    target: &Target,
+    target: &Target<'_>,
     queue: &str,
 ) -> (Vec<i64>, f64, Duration) {
     let n = w.delays_ms.len();
@@ -181,38 +146,40 @@ async fn drive(
     let mut confirms = Vec::with_capacity(n);
     for (i, delay) in w.delays_ms.iter().enumerate() {
         tokio::time::sleep_until((start + w.spread.mul_f64(i as f64 / n as f64)).into()).await;
-        let mut props = BasicProperties::default()
+        let props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_message_id(i.to_string().into());
-        if let Some((exchange, key)) = &target.headers {
-            let mut h = FieldTable::default();
-            h.insert(
-                "x-requested-delay".into(),
-                AMQPValue::LongLongInt(*delay as i64),
-            );
-            h.insert(
-                "x-original-exchange".into(),
-                AMQPValue::LongString(LongString::from(exchange.as_str())),
-            );
-            h.insert(
-                "x-original-routing-key".into(),
-                AMQPValue::LongString(LongString::from(key.as_str())),
-            );
-            props = props.with_headers(h);
-        }
         sent.push(Instant::now());
-        let key = target.routing_keys.get(i).map_or("", String::as_str);
-        confirms.push(
-            ch.basic_publish(
-                target.exchange.as_str().into(),
-                key.into(),
-                BasicPublishOptions::default(),
-                &[0u8; 512],
-                props,
-            )
-            .await
-            .unwrap(),
-        );
+        let confirm = match target {
+            Target::Router {
+                exchange,
+                destination: (dest_exchange, key),
+            } => {
+                let mut h = FieldTable::default();
+                h.insert(
+                    "x-requested-delay".into(),
+                    AMQPValue::LongLongInt(*delay as i64),
+                );
+                h.insert(
+                    "x-original-exchange".into(),
+                    AMQPValue::LongString(LongString::from(dest_exchange.as_str())),
+                );
+                h.insert(
+                    "x-original-routing-key".into(),
+                    AMQPValue::LongString(LongString::from(key.as_str())),
+                );
+                ch.basic_publish(
+                    exchange.as_str().into(),
+                    "".into(),
+                    BasicPublishOptions::default(),
+                    &[0u8; 512],
+                    props.with_headers(h),
+                )
+                .await
+            }
+            Target::Kombu(topology) => topology.publish(&ch, i, &[0u8; 512], props).await,
+        };
+        confirms.push(confirm.unwrap());
     }
     for c in confirms {
         assert!(c.await.unwrap().is_ack(), "publish refused");
@@ -269,48 +236,14 @@ async fn kombu_lane(conn: &Connection, w: &Workload, python: &Path, broker: u32)
     let url = url();
     let prefix = format!("kombu{:06x}", rand::random::<u32>() & 0xff_ffff);
     let countdowns: Vec<u64> = w.delays_ms.iter().map(|d| d.div_ceil(1000)).collect();
-    let mut child = Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/benches/kombu/driver.py"
-        ))
-        .args(["declare", &url, &prefix, "classic"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("driver.py");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(serde_json::to_string(&countdowns).unwrap().as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kombu's declare failed");
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("driver.py's plan");
-    let target = Target {
-        exchange: plan["exchange"].as_str().unwrap().into(),
-        routing_keys: plan["routing_keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|k| k.as_str().unwrap().to_owned())
-            .collect(),
-        headers: None,
-    };
-    let queue = plan["queue"].as_str().unwrap().to_owned();
+    let topology = Topology::declare(python, &url, &prefix, "classic", &countdowns);
+    let target = Target::Kombu(&topology);
     let idle = idle_rate(broker).await;
     let (b0, _) = procfs::cpu_and_rss(broker);
-    let (late, waits, window) = drive(conn, w, &target, &queue).await;
+    let (late, waits, window) = drive(conn, w, &target, &topology.queue).await;
     let (b1, _) = procfs::cpu_and_rss(broker);
-    let _ = run(Command::new(python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/benches/kombu/driver.py"
-        ))
-        .args(["delete", &url, &prefix]));
-    println!("  (kombu {})", plan["kombu"].as_str().unwrap_or("?"));
+    topology.delete(python, &url);
+    println!("  (kombu {})", topology.kombu);
     Measured {
         design: Design::Kombu,
         late,
@@ -335,10 +268,9 @@ async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32)
     .await
     .unwrap();
     let router = RouterProcess::start(&url, &prefix, &[]).await;
-    let target = Target {
+    let target = Target::Router {
         exchange: router.exchange(),
-        routing_keys: Vec::new(),
-        headers: Some((String::new(), dest.clone())),
+        destination: (String::new(), dest.clone()),
     };
     let idle = idle_rate(broker).await;
     let (b0, _) = procfs::cpu_and_rss(broker);
@@ -374,7 +306,7 @@ fn main() {
             .collect(),
         spread: Duration::from_secs(env_or("BENCH_SPREAD_SECS", 20)),
     };
-    let python = kombu_python();
+    let python = kombu_topology::python();
     let broker = procfs::broker_pid();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -10,6 +10,9 @@
 //!
 //! Nothing here panics on bad input or a failed write: every failure comes
 //! back as an `Err` naming the file.
+//!
+//! The sweep bench draws its own charts with the same font, size, colours
+//! and file handling ([`load_font`], [`write_png`]).
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -73,12 +76,12 @@ pub fn slug(label: &str) -> String {
     if out.is_empty() { "lane".into() } else { out }
 }
 
-type DrawResult = Result<(), Box<dyn Error>>;
+pub type DrawResult = Result<(), Box<dyn Error>>;
 
 /// Draws into a temporary file beside `path` and renames it into place, so a
 /// failed drawing leaves no half-drawn PNG (and keeps an older one). A panic
 /// inside plotters is caught and reported like any error.
-fn write_png(path: &Path, draw: impl FnOnce(&Path) -> DrawResult) -> Result<PathBuf, String> {
+pub fn write_png(path: &Path, draw: impl FnOnce(&Path) -> DrawResult) -> Result<PathBuf, String> {
     let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
     // The extension stays .png: plotters picks the encoder from it.
     let tmp = path.with_file_name(format!(".{name}.partial.png"));
@@ -102,9 +105,9 @@ fn write_png(path: &Path, draw: impl FnOnce(&Path) -> DrawResult) -> Result<Path
     }
 }
 
-const SIZE: (u32, u32) = (900, 560);
-const FONT: &str = "sans-serif";
-const CURVE: [RGBColor; 6] = [
+pub const SIZE: (u32, u32) = (900, 560);
+pub const FONT: &str = "sans-serif";
+pub const CURVE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -127,7 +130,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 /// Registers a sans-serif font for plotters once per process: the file
 /// BENCH_PLOT_FONT names, else the first DejaVu Sans or Liberation Sans found.
 /// Err says why there is none.
-fn load_font() -> Result<(), String> {
+pub fn load_font() -> Result<(), String> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
@@ -195,7 +198,7 @@ fn cdf_points(sorted: &[i64], x_end: f64) -> Vec<(f64, f64)> {
 /// Tick labels: "1 ms", "100 ms", "10 s"; on a short axis, where plotters
 /// puts a tick at every whole ms, only 1, 2 and 5 times a power of ten are
 /// labelled (the others would run into each other).
-fn fmt_ms(v: &f64) -> String {
+pub fn fmt_ms(v: &f64) -> String {
     let mantissa = v / 10f64.powf(v.log10().floor());
     if ![1.0, 2.0, 5.0].iter().any(|m| (mantissa - m).abs() < 1e-6) {
         return String::new();

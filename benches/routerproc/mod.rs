@@ -9,6 +9,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/buckets.toml");
+/// How long a router may take to stop after SIGTERM before it is killed.
+const STOP_LIMIT: Duration = Duration::from_secs(120);
 
 /// The configuration the router runs on: the shipped one, or BENCH_CONFIG
 /// (another ladder, e.g. a scaled-down one for a quicker experiment).
@@ -17,17 +19,25 @@ pub fn config_path() -> String {
 }
 
 /// The rules of the configuration the router runs on, under `prefix`.
+#[allow(dead_code)] // not every bench that shares this module reads it
 pub fn rules(prefix: &str) -> Rules {
-    let mut config = Config::from_toml(&std::fs::read_to_string(config_path()).unwrap()).unwrap();
+    rules_of(&config_path(), prefix)
+}
+
+/// The rules of the configuration file `config`, under `prefix`.
+pub fn rules_of(config: &str, prefix: &str) -> Rules {
+    let mut config = Config::from_toml(&std::fs::read_to_string(config).unwrap()).unwrap();
     config.prefix = prefix.to_owned();
     Rules::new(&config.ladder, config.strategy, prefix, "guest")
 }
 
-/// A router process on the shipped configuration.
+/// A router process on the shipped configuration (or another file).
 pub struct RouterProcess {
     pub child: Child,
     pub port: u16,
     pub prefix: String,
+    /// The configuration file it runs on.
+    config: String,
 }
 
 fn free_port() -> u16 {
@@ -43,14 +53,25 @@ impl RouterProcess {
     /// `BENCH_BIN`: another build, to compare) on `url` with `prefix` and the
     /// extra `DELAY_ROUTER__*` overrides in `env`, and waits until `/readyz`
     /// answers.
+    #[allow(dead_code)] // not every bench that shares this module calls it
     pub async fn start(url: &str, prefix: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with_config(&config_path(), url, prefix, env).await
+    }
+
+    /// [`RouterProcess::start`] on the configuration file `config`.
+    pub async fn start_with_config(
+        config: &str,
+        url: &str,
+        prefix: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let bin = std::env::var_os("BENCH_BIN").map_or_else(
             || std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router")),
             std::path::PathBuf::from,
         );
         let child = Command::new(bin)
-            .args(["run", "--config", &config_path()])
+            .args(["run", "--config", config])
             .env("DELAY_ROUTER__AMQP__URL", url)
             .env("DELAY_ROUTER__TOPOLOGY__PREFIX", prefix)
             .env("DELAY_ROUTER__METRICS__LISTEN", format!("127.0.0.1:{port}"))
@@ -75,13 +96,19 @@ impl RouterProcess {
             .call()
             .is_err()
         {
-            assert!(Instant::now() < ready, "the router never became ready");
+            if Instant::now() >= ready {
+                let mut child = child;
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the router never became ready");
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Self {
             child,
             port,
             prefix: prefix.to_owned(),
+            config: config.to_owned(),
         }
     }
 
@@ -106,15 +133,27 @@ impl RouterProcess {
             .unwrap_or(0.0)
     }
 
-    /// SIGTERM, wait, then delete what the router declared and `extra_queues`;
-    /// returns how many messages the router's own queues and buckets still
-    /// held (waiting, not lost).
+    /// SIGTERM, wait (SIGKILL after [`STOP_LIMIT`]), then delete what the
+    /// router declared and `extra_queues`; returns how many messages the
+    /// router's own queues and buckets still held (waiting, not lost).
     pub async fn stop_and_remove(mut self, ch: &Channel, extra_queues: &[String]) -> u64 {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
+        let deadline = Instant::now() + STOP_LIMIT;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            println!("the router did not stop within {STOP_LIMIT:?}: killed");
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
-        delay_router::testkit::teardown::remove_topology(ch, &rules(&self.prefix), extra_queues)
-            .await
+        delay_router::testkit::teardown::remove_topology(
+            ch,
+            &rules_of(&self.config, &self.prefix),
+            extra_queues,
+        )
+        .await
     }
 }
