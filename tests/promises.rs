@@ -8,7 +8,7 @@
 mod harness;
 
 use harness::*;
-use lapin::options::{BasicConsumeOptions, BasicNackOptions, ExchangeDeclareOptions};
+use lapin::options::{BasicNackOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 use lapin::{BasicProperties, ExchangeKind};
 use std::time::{Duration, Instant};
@@ -533,9 +533,19 @@ async fn a_publisher_without_the_control_right_cannot_cancel() {
 #[tokio::test]
 async fn readyz_is_503_while_any_consumer_is_down_and_200_once_all_consume() {
     let prefix = format!("drp-{:08x}", rand::random::<u32>());
-    let mut r = Router::on(&prefix, &SHORT, "");
+    // The router runs as a user of its own, whose read permission can be
+    // taken from one queue at a time.
+    let user = format!("{prefix}-router");
+    ctl(&["add_user", &user, "secret"]);
+    let own = format!("^{prefix}\\.");
+    let grant = |read: &str| {
+        ctl(&["set_permissions", "-p", "/", &user, &own, ".*", read]);
+    };
+    grant(&own);
+    let router_url = url().replacen("guest:guest", &format!("{user}:secret"), 1);
+    let mut r = Router::on_url(&prefix, &router_url, &SHORT, "");
     let c = Client::connect().await;
-    let queues = [r.name("ingress"), r.name("due"), r.name("expired")];
+    let queues = ["ingress", "due", "expired"].map(|q| r.name(q));
     let all_consume = || async {
         let mut n = 0;
         for q in &queues {
@@ -550,35 +560,22 @@ async fn readyz_is_503_while_any_consumer_is_down_and_200_once_all_consume() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(all_consume().await, "ready before all three consumed");
-    // Each consumer in turn held off its queue (another client consumes it
-    // exclusively): not ready the whole time, ready again after.
-    for q in &queues {
+    // Each consumer in turn cannot attach (the router may not read its
+    // queue): not ready the whole time, ready again once it may.
+    for suffix in ["ingress", "due", "expired"] {
         r.stop();
-        let holder = c.channel().await;
-        let exclusive = BasicConsumeOptions {
-            exclusive: true,
-            ..Default::default()
-        };
-        let _held = holder
-            .basic_consume(
-                q.as_str().into(),
-                "holder".into(),
-                exclusive,
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        grant(&format!("^{prefix}\\.(?!{suffix}$)"));
         r.restart_unready();
         let until = Instant::now() + Duration::from_secs(4);
         while Instant::now() < until {
             assert_ne!(
                 r.ready().await,
                 Some(200),
-                "ready while {q} has no router consumer"
+                "ready while the router may not consume {suffix}"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        holder.close(200, "ok".into()).await.unwrap();
+        grant(&own);
         r.wait_ready(Duration::from_secs(60)).await;
         assert!(all_consume().await);
     }
@@ -597,6 +594,7 @@ async fn readyz_is_503_while_any_consumer_is_down_and_200_once_all_consume() {
     r.wait_ready(Duration::from_secs(60)).await;
     assert!(all_consume().await);
     r.remove(&c).await;
+    ctl(&["delete_user", &user]);
 }
 
 #[tokio::test]

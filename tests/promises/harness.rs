@@ -136,14 +136,18 @@ impl Router {
 
     /// The router on `prefix`, started (not yet ready).
     pub fn on(prefix: &str, ladder: &[&str], extra: &str) -> Self {
+        Self::on_url(prefix, &url(), ladder, extra)
+    }
+
+    /// The router on `prefix` connecting to `url` (another user), started.
+    pub fn on_url(prefix: &str, url: &str, ladder: &[&str], extra: &str) -> Self {
         let metrics_port = free_port();
         let dir = std::env::temp_dir();
         let config = dir.join(format!("{prefix}.toml"));
         let log = dir.join(format!("{prefix}.log"));
         let mut toml = format!(
-            "[amqp]\nurl = \"{}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{}\"\n\
+            "[amqp]\nurl = \"{url}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n{extra}\n",
-            url(),
             queue_type()
         );
         for rung in ladder {
