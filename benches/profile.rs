@@ -15,8 +15,7 @@
 //!    deliveries) — idle wake-ups included — and the context switches of
 //!    all the router's threads (`/proc/<pid>/task/*/status`) per event.
 //!    The bench consumes the destination as messages arrive and prints
-//!    their lateness (arrival less publish less the 3 s asked for):
-//!    coalescing trades it for the CPU (`DELAY_ROUTER__AMQP__COALESCE`).
+//!    their lateness (arrival less publish less the 3 s asked for).
 //!
 //! BENCH_WAY=delivery measures the other half of a message's way instead of
 //! placement: prefilled into the expired queue (the broker dead-letters them

@@ -322,10 +322,10 @@ impl Via<'_> {
                 )
                 .await
             }
-            // kombu's topology is declared with a key per whole second.
+            // kombu's topology is declared with a key per whole second from 1.
             Via::Kombu(topology) => {
-                let seconds = delay_ms.div_ceil(1000) as usize;
-                topology.publish(ch, seconds, &BODY, props).await
+                let seconds = delay_ms.div_ceil(1000).max(1) as usize;
+                topology.publish(ch, seconds - 1, &BODY, props).await
             }
         }
     }
@@ -1308,8 +1308,9 @@ fn main() {
     let tag = rand::random::<u32>() & 0xff_ffff;
     let prefix = format!("sweep-{tag:06x}");
     let config = write_config(&prefix);
-    // kombu's routing key for every whole second up to the longest delay.
-    let countdowns: Vec<u64> = (0..=s.max_delay_ms.div_ceil(1000)).collect();
+    // kombu's routing key for every whole second from 1 up to the longest
+    // delay (kombu refuses a countdown of 0).
+    let countdowns: Vec<u64> = (1..=s.max_delay_ms.div_ceil(1000).max(1)).collect();
     let declared = std::panic::catch_unwind(|| {
         Topology::declare(
             &python,

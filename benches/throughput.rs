@@ -273,11 +273,6 @@ async fn router_round(
     let shards = std::env::var(shards_key)
         .map(|s| format!("bucket_shards = \"{s}\"\n"))
         .unwrap_or_default();
-    // BENCH_COALESCE (the router) and BENCH_BASELINE_COALESCE: `amqp.coalesce`.
-    let coalesce = std::env::var(prefetch_key.replace("PREFETCH", "COALESCE"))
-        .map(|c| format!("coalesce = \"{c}\"\n"))
-        .unwrap_or_default();
-    let prefetch = format!("{prefetch}{coalesce}");
     let qt = queue_type();
     let text = format!(
         "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n{shards}[[bucket]]\nttl = \"1h\"\n"

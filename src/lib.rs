@@ -16,14 +16,11 @@
 //!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`];
 //!   beside them [`core::compat`]: what the connected broker's version gives
 //!   a strategy and queue type; [`core::inflight`]: how many publishes a
-//!   pipeline keeps unconfirmed, from measured confirm latency;
-//!   [`core::pacing`]: when a confirm may wait for a wake-up the router has
-//!   anyway (lazy confirms).
+//!   pipeline keeps unconfirmed, from measured confirm latency.
 //!
 //! Where it is **carried out** — [`router`], the service: supervisor,
 //! session, pipelines, forwarding on the main and careful lanes, settling
-//! acks, pacing the publish connection's confirms (`pacer`), coalescing
-//! wake-ups at low rates (`coalesce`), the janitor and the drift watch; its metrics and probes (`stats`,
+//! acks, the janitor and the drift watch; its metrics and probes (`stats`,
 //! `health`, `endpoint`) and the tombstones of cancelled messages.
 //!
 //! How it **talks to RabbitMQ** — [`broker`]: connect and close, declare,

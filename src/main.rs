@@ -17,14 +17,11 @@ const DEFAULT_LOG: &str = "info,lapin::channel=off";
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-// One thread: the router is I/O-bound and shares small machines with the
-// broker. lapin's I/O runs on it too, as a task per connection (the vendored
-// lapin's patch, vendor/lapin/PATCH.md): no hand-offs between threads. Its
-// park hook coalesces wake-ups at low rates (`router::coalesce`).
+// One thread for the router's tasks: it is I/O-bound and shares small
+// machines with the broker.
 fn main() -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .on_thread_park(delay_router::router::coalesce::park_hook)
         .build();
     match runtime {
         Ok(runtime) => runtime.block_on(run()),

@@ -2,16 +2,9 @@
 
 use super::{BrokerError, CONNECT_TIMEOUT, RPC_TIMEOUT, timed};
 use crate::config::{AmqpUrl, CaFile, redact_text};
-use lapin::tcp::{AMQPUriTcpExt, AsyncTcpStream, OwnedTLSConfig};
+use lapin::tcp::OwnedTLSConfig;
 use lapin::uri::AMQPUri;
 use lapin::{Channel, Connection, ConnectionProperties};
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
-
-/// The stream lapin's default (tokio) runtime connects with. Named so that
-/// its socket can be reached, under lapin's `AsyncFn` connector as well as
-/// under the patched one (the fuzz crate builds with upstream lapin).
-type PlainStream = async_compat::Compat<tokio::net::TcpStream>;
 
 /// Opens a connection named `name` (shown by `rabbitmqctl list_connections`).
 pub async fn connect(
@@ -19,17 +12,15 @@ pub async fn connect(
     ca_file: Option<&CaFile>,
     name: &str,
 ) -> Result<Connection, BrokerError> {
-    Ok(open(url, ca_file, name).await?.0)
+    open(url, ca_file, name).await
 }
 
-/// Opens a connection and, when it is plain TCP, keeps a duplicate of its
-/// socket's descriptor (closed when dropped): the publish connection's
-/// [`Pacer`](crate::router::pacer::Pacer) tunes it.
+/// Opens one connection to `url`.
 async fn open(
     url: &AmqpUrl,
     ca_file: Option<&CaFile>,
     name: &str,
-) -> Result<(Connection, Option<OwnedFd>), BrokerError> {
+) -> Result<Connection, BrokerError> {
     let props = ConnectionProperties::default().with_connection_name(name.into());
     let tls = OwnedTLSConfig {
         identity: None,
@@ -44,67 +35,28 @@ async fn open(
         .expose()
         .parse()
         .map_err(|e: String| failed(redact_text(&e)))?;
-    let socket = Arc::new(Mutex::new(None));
-    let kept = socket.clone();
-    // What lapin's own `connect_with_config` does, keeping the socket.
-    let connecting = Connection::connector(
-        uri,
-        runtime,
-        move |uri: AMQPUri, runtime| {
-            let (tls, kept) = (tls.clone(), kept.clone());
-            async move {
-                let stream: AsyncTcpStream<PlainStream> = uri
-                    .connect_with_config_async(tls.as_ref(), &runtime)
-                    .await?;
-                if let AsyncTcpStream::Plain(plain) = &stream {
-                    let fd = plain.get_ref().as_fd().try_clone_to_owned().ok();
-                    *kept.lock().unwrap_or_else(PoisonError::into_inner) = fd;
-                }
-                Ok(stream)
-            }
-        },
-        props,
-    );
+    let connecting = Connection::connect_uri_with_config(uri, props, tls, runtime);
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
-        Ok(Ok(c)) => {
-            let fd = socket.lock().unwrap_or_else(PoisonError::into_inner).take();
-            Ok((c, fd))
-        }
+        Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(failed(redact_text(&e.to_string()))),
         Err(_) => Err(failed(format!("no answer within {CONNECT_TIMEOUT:?}"))),
     }
 }
 
-/// Opens a connection to the first of `urls` that answers, trying them in
-/// order from `first` (wrapping around); returns it with the index of the
-/// URL used. The error names every URL tried and why it failed.
 pub async fn connect_any(
     urls: &[AmqpUrl],
     first: usize,
     ca_file: Option<&CaFile>,
     name: &str,
 ) -> Result<(Connection, usize), BrokerError> {
-    let (conn, used, _) = connect_any_with_socket(urls, first, ca_file, name).await?;
-    Ok((conn, used))
-}
-
-/// [`connect_any`], with a duplicate of the socket's descriptor when the
-/// connection is plain TCP.
-pub async fn connect_any_with_socket(
-    urls: &[AmqpUrl],
-    first: usize,
-    ca_file: Option<&CaFile>,
-    name: &str,
-) -> Result<(Connection, usize, Option<OwnedFd>), BrokerError> {
     if let [only] = urls {
-        let (conn, fd) = open(only, ca_file, name).await?;
-        return Ok((conn, 0, fd));
+        return Ok((open(only, ca_file, name).await?, 0));
     }
     let mut failures = Vec::new();
     for k in 0..urls.len() {
         let i = (first + k) % urls.len();
         match open(&urls[i], ca_file, name).await {
-            Ok((conn, fd)) => return Ok((conn, i, fd)),
+            Ok(conn) => return Ok((conn, i)),
             Err(e) => failures.push(e.to_string()),
         }
     }

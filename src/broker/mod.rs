@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use connect::{
-    channel, close_channel, close_connection, connect, connect_any, connect_any_with_socket,
+    channel, close_channel, close_connection, connect, connect_any,
 };
 
 /// Longest wait for a connection to open.

@@ -97,7 +97,6 @@ struct RawAmqp {
     prefetch: Option<String>,
     inflight_bytes: Option<String>,
     ca_file: Option<String>,
-    coalesce: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -139,13 +138,6 @@ pub enum ConfigError {
     Ladder(#[from] LadderError),
 }
 
-/// Default `[amqp] coalesce`: off. A tick delays every message read from a
-/// queue by up to its length, which a user pays at every rate.
-pub const DEFAULT_COALESCE: std::time::Duration = std::time::Duration::ZERO;
-/// The longest `[amqp] coalesce` accepted: every message may wait this much
-/// more at each hop.
-pub const MAX_COALESCE: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// The most queues a rung may have (`[topology] bucket_shards`).
 pub const MAX_BUCKET_SHARDS: u8 = 16;
 
@@ -167,10 +159,6 @@ pub struct Config {
     pub check_interval: std::time::Duration,
     pub prefetch: u16,
     pub inflight_bytes: u64,
-    /// `[amqp] coalesce`: the longest the router's thread sleeps before it
-    /// waits for the network at low rates, so that one wake-up handles
-    /// several events (zero: never).
-    pub coalesce: std::time::Duration,
     pub prefix: String,
     pub strategy: PlacementStrategy,
     /// `[placement] due_within`: a message due within this long after its
@@ -281,19 +269,6 @@ impl Config {
         let inflight_bytes = match raw.amqp.inflight_bytes {
             None => DEFAULT_INFLIGHT_BYTES,
             Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
-        };
-        let coalesce = match raw.amqp.coalesce {
-            None => DEFAULT_COALESCE,
-            Some(v) => humantime::parse_duration(v.trim())
-                .ok()
-                .filter(|d| *d <= MAX_COALESCE)
-                .ok_or_else(|| {
-                    invalid(
-                        "amqp.coalesce",
-                        &v,
-                        "expected a duration from 0s to 100ms, such as \"20ms\"".into(),
-                    )
-                })?,
         };
         let ca_file = match raw.amqp.ca_file {
             None => None,
@@ -476,7 +451,6 @@ impl Config {
             check_interval,
             prefetch,
             inflight_bytes,
-            coalesce,
             prefix,
             strategy,
             due_within,

@@ -21,7 +21,6 @@ fn shipped_file_loads_with_the_documented_ladder() {
         crate::core::envelope::TransitFormat::Compact
     );
     assert_eq!((c.prefetch, c.inflight_bytes), (500, 64 << 20));
-    assert_eq!(c.coalesce, Duration::ZERO);
     assert_eq!(c.url.to_string(), "amqp://guest:***@127.0.0.1:5672/%2f");
 }
 
@@ -66,13 +65,9 @@ fn invalid_values_name_the_key_and_the_value() {
     assert!(e.starts_with("amqp.inflight_bytes = \"lots\""), "{e}");
     let e = err("[amqp]\nprefetch = \"0\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
-    let e = err("[amqp]\ncoalesce = \"1s\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(
-        e.starts_with("amqp.coalesce = \"1s\": expected a duration from 0s to 100ms"),
-        "{e}"
-    );
-    let e = err("[amqp]\ncoalesce = \"soon\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(e.starts_with("amqp.coalesce = \"soon\""), "{e}");
+    // A key of an earlier version that no longer exists is named.
+    let e = err("[amqp]\ncoalesce = \"20ms\"\n[[bucket]]\nttl = \"1s\"");
+    assert!(e.contains("unknown field `coalesce`"), "{e}");
     let e = err("[topology]\nqueue_type = \"mirrored\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.queue_type = \"mirrored\""), "{e}");
     let e = err("[topology]\nclassic_queue_version = 3\n[[bucket]]\nttl = \"1s\"");
@@ -311,20 +306,6 @@ fn the_node_list_can_come_from_the_environment() {
         ["amqp://u:***@n1:5682/%2f", "amqp://u:***@n2:5683/%2f"]
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
-fn coalesce_accepts_zero_and_up_to_100ms() {
-    let with = |v: &str| {
-        Config::from_toml(&format!(
-            "[amqp]\ncoalesce = \"{v}\"\n[[bucket]]\nttl = \"1s\""
-        ))
-        .unwrap()
-        .coalesce
-    };
-    assert_eq!(with("0s"), Duration::ZERO);
-    assert_eq!(with("5ms"), Duration::from_millis(5));
-    assert_eq!(with("100ms"), MAX_COALESCE);
 }
 
 #[test]

@@ -126,10 +126,6 @@ pub struct Rules {
     pub due_within: Duration,
     /// How transit is written into bucket messages (`[placement] transit_format`).
     pub transit_format: TransitFormat,
-    /// Under cascade, the shortest last hold worth beginning with a bucket
-    /// ([`placement::lead_the_last_hold`]): the coalescing tick
-    /// (`[amqp] coalesce`), the longest a bucket's message waits unread.
-    pub hold_lead: Duration,
     /// `[topology] bucket_shards`; `None`: the queue type's default.
     bucket_shards: Option<u8>,
     /// Each rung's bucket queue names, shard 0 first, made by [`Rules::new`]
@@ -161,7 +157,6 @@ impl Rules {
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
             transit_format: TransitFormat::default(),
-            hold_lead: Duration::ZERO,
             bucket_shards: None,
             bucket_queues: Vec::new(),
         };
@@ -208,13 +203,6 @@ impl Rules {
     /// bucket into the due lane.
     pub fn with_due_within(mut self, due_within: Duration) -> Self {
         self.due_within = due_within;
-        self
-    }
-
-    /// The same rules beginning cascade's last hold at least `lead` before
-    /// the deadline where that costs no hop ([`placement::lead_the_last_hold`]).
-    pub fn with_hold_lead(mut self, lead: Duration) -> Self {
-        self.hold_lead = lead;
         self
     }
 
@@ -271,7 +259,6 @@ impl Rules {
         .with_cancel_keep(config.cancel_keep)
         .with_due_within(config.due_within)
         .with_transit_format(config.transit_format)
-        .with_hold_lead(config.coalesce)
     }
 
     /// What these rules declare.
@@ -420,8 +407,6 @@ impl Rules {
             &self.ladder,
             remaining,
             hold_up_to,
-            self.hold_lead,
-            entering,
         ) {
             None => deliver(Duration::ZERO),
             Some(Placement::Hold(after)) => deliver(after),

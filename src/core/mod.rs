@@ -14,7 +14,6 @@ pub mod glob;
 pub mod identity;
 pub mod inflight;
 pub mod ladder;
-pub mod pacing;
 pub mod parking;
 pub mod placement;
 pub mod reasons;

@@ -317,66 +317,17 @@ pub fn due_lane(remaining: Duration, ttl: Duration, due_within: Duration) -> boo
 }
 
 /// [`place`], with the router timing under cascade whatever is left below
-/// `hold_up_to` itself (at least what [`place`] would hold; `lead` more
-/// for a message back from a bucket, not `entering`), and beginning its
-/// last hold at least `lead` before the deadline ([`lead_the_last_hold`]).
+/// `hold_up_to` itself (at least what [`place`] would hold).
 pub fn place_or_hold(
     strategy: PlacementStrategy,
     ladder: &Ladder,
     remaining: Duration,
     hold_up_to: Duration,
-    lead: Duration,
-    entering: bool,
 ) -> Option<Placement> {
-    if strategy != PlacementStrategy::Cascade {
-        return place(strategy, ladder, remaining);
-    }
-    let back_room = hold_up_to.saturating_add(lead);
-    let room = if entering { hold_up_to } else { back_room };
-    if !remaining.is_zero() && remaining < room {
+    if strategy == PlacementStrategy::Cascade && !remaining.is_zero() && remaining < hold_up_to {
         return Some(Placement::Hold(remaining));
     }
-    let placed = place(strategy, ladder, remaining)?;
-    Some(match placed {
-        Placement::Bucket { rung, .. } => {
-            lead_the_last_hold(ladder, remaining, rung, back_room, lead).unwrap_or(placed)
-        }
-        Placement::Hold(_) => placed,
-    })
-}
-
-/// Cascade's bucket one rung lower, when the one it chose would bring the
-/// message back with a hold left shorter than `lead` (from
-/// [`ROUND_UP_WITHIN`] up; less than that comes back due) and a lower rung
-/// leaves one of at least `lead` that is still held when it comes back
-/// (below `back_room`, the hold room and the lead: a grid step's remainder
-/// and the lead), not placed again: the same hops and the same one hold,
-/// begun earlier.
-///
-/// A bucket's message is read when the router's thread next wakes, up to
-/// one coalescing tick after it comes back (`[amqp] coalesce`, the lead the
-/// router passes): a hold shorter than that would end late by the rest.
-/// What comes back due (a delay that fills its rungs, give or take
-/// [`ROUND_UP_WITHIN`]) is not moved: a hold of its own would cost a
-/// wake-up a message at low rates (README, Performance).
-pub fn lead_the_last_hold(
-    ladder: &Ladder,
-    remaining: Duration,
-    rung: usize,
-    back_room: Duration,
-    lead: Duration,
-) -> Option<Placement> {
-    let left = remaining.checked_sub(ladder.rungs().get(rung)?.ttl)?;
-    if left < ROUND_UP_WITHIN || left >= lead {
-        return None;
-    }
-    let lower = ladder.round_down(remaining.checked_sub(lead)?)?;
-    let ttl = ladder.rungs()[lower].ttl;
-    (ttl >= HOLD_BELOW && remaining - ttl < back_room).then_some(Placement::Bucket {
-        rung: lower,
-        expiration: None,
-        priority: None,
-    })
+    place(strategy, ladder, remaining)
 }
 
 /// Priority for a delay in `(lo, hi]`: the shorter the delay, the higher.
@@ -585,8 +536,6 @@ mod tests {
                 &l,
                 Duration::from_millis(left_ms),
                 room,
-                Duration::ZERO,
-                true,
             )
         };
         // Without room, the 250 ms rung: a hold only below it.
@@ -614,169 +563,15 @@ mod tests {
         let plain = Ladder::from_labels(&["1s", "4s"]).unwrap();
         for s in [PlacementStrategy::RoundUp, PlacementStrategy::Priority] {
             assert!(matches!(
-                place_or_hold(
-                    s,
-                    &plain,
-                    Duration::from_millis(500),
-                    HOLD_WITH_ROOM,
-                    Duration::ZERO,
-                    true
-                ),
+                place_or_hold(s, &plain, Duration::from_millis(500), HOLD_WITH_ROOM),
                 Some(Placement::Bucket { .. })
             ));
         }
     }
 
-    /// The shipped `coalesce`: the lead the router passes.
-    const LEAD: Duration = Duration::from_millis(100);
-
-    #[test]
-    fn a_hold_shorter_than_the_lead_begins_one_grid_rung_earlier() {
-        let l = effective_ladder(
-            PlacementStrategy::Cascade,
-            &Ladder::from_labels(&["30s", "1m", "5m"]).unwrap(),
-        );
-        let rung = |left_ms, room, lead| match place_or_hold(
-            PlacementStrategy::Cascade,
-            &l,
-            Duration::from_millis(left_ms),
-            room,
-            lead,
-            true,
-        ) {
-            Some(Placement::Bucket { rung, .. }) => l.rungs()[rung].label.clone(),
-            other => panic!("{left_ms} ms: {other:?}"),
-        };
-        // Grid rungs are even seconds: 14.05 s leaves 50 ms after 14s, and
-        // 2.05 s after 12s, which is held (the room and the lead).
-        assert_eq!(rung(14_050, HOLD_WITH_ROOM, Duration::ZERO), "14s");
-        assert_eq!(rung(14_050, HOLD_WITH_ROOM, LEAD), "12s");
-        assert_eq!(rung(14_010, HOLD_WITH_ROOM, LEAD), "12s");
-        assert_eq!(rung(15_050, HOLD_WITH_ROOM, LEAD), "14s");
-        let back_with = |left_ms, entering| {
-            place_or_hold(
-                PlacementStrategy::Cascade,
-                &l,
-                Duration::from_millis(left_ms),
-                HOLD_WITH_ROOM,
-                LEAD,
-                entering,
-            )
-        };
-        assert_eq!(
-            back_with(2_050, false),
-            Some(Placement::Hold(Duration::from_millis(2_050)))
-        );
-        // Entering with as much it takes a bucket, as it did before the
-        // lead: the extra room is for what the lead sent to a lower rung.
-        assert!(matches!(
-            back_with(2_050, true),
-            Some(Placement::Bucket { .. })
-        ));
-        assert!(matches!(
-            back_with(2_100, false),
-            Some(Placement::Bucket { .. })
-        ));
-        // At least the lead left, or so little that it comes back due: as before.
-        assert_eq!(rung(14_100, HOLD_WITH_ROOM, LEAD), "14s");
-        assert_eq!(rung(14_009, HOLD_WITH_ROOM, LEAD), "14s");
-        assert_eq!(rung(14_000, HOLD_WITH_ROOM, LEAD), "14s");
-        assert_eq!(rung(13_995, HOLD_WITH_ROOM, LEAD), "14s");
-        // Without room to hold 2 s the lower rung would mean another hop.
-        assert_eq!(rung(14_050, HOLD_BELOW, LEAD), "14s");
-        // Below the grid the halves: 1.05 s leaves 50 ms after 1s, 550 ms
-        // after 500ms, which only room holds.
-        assert_eq!(rung(1_050, HOLD_BELOW, LEAD), "1000ms");
-        // 2m 0.05 s: one minute lower would leave a minute, not a hold.
-        assert_eq!(rung(120_050, HOLD_WITH_ROOM, LEAD), "2m");
-    }
-
-    proptest! {
-        /// The lead moves a hold earlier and never adds a hop: simulated
-        /// with buckets that come back `lag_ms` late, the same buckets a
-        /// message with and without it, never early, and every hold the
-        /// router begins after a bucket is at least the lead long or begins
-        /// within [`ROUND_UP_WITHIN`] of the deadline.
-        #[test]
-        fn the_lead_adds_no_hop_and_no_early_delivery(
-            ladder in ladder_strategy(),
-            ms in 1u64..40_000_000,
-            lag_ms in 0u64..5,
-        ) {
-            let eff = effective_ladder(PlacementStrategy::Cascade, &ladder);
-            let walk = |lead: Duration| {
-                let (mut left, mut buckets, mut waited) = (Duration::from_millis(ms), 0u32, Duration::ZERO);
-                let mut last_hold = None;
-                while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &eff, left, HOLD_WITH_ROOM, lead, buckets == 0) {
-                    match p {
-                        Placement::Hold(d) => {
-                            last_hold = Some(d);
-                            waited += d;
-                            break;
-                        }
-                        Placement::Bucket { rung, .. } => {
-                            let ttl = eff.rungs()[rung].ttl;
-                            let lag = Duration::from_millis(lag_ms);
-                            buckets += 1;
-                            waited += ttl + lag;
-                            left = left.saturating_sub(ttl + lag);
-                        }
-                    }
-                    assert!(buckets < 100_000);
-                }
-                (buckets, waited, last_hold)
-            };
-            let (plain, plain_waited, _) = walk(Duration::ZERO);
-            let (led, led_waited, _) = walk(LEAD);
-            prop_assert!(led <= plain, "{led} buckets with the lead, {plain} without");
-            prop_assert!(led_waited >= Duration::from_millis(ms));
-            prop_assert!(plain_waited >= Duration::from_millis(ms));
-        }
-
-        /// On the shipped ladder with room to hold, a hold after a bucket
-        /// under a minute (the grid and the rungs below it, which every
-        /// delay under a minute and most of the rest end with) is at least
-        /// the lead long (less what the bucket came back late) or begins
-        /// within [`ROUND_UP_WITHIN`] of the deadline. After a longer
-        /// bucket the rung below leaves more than a hold: the lead is left
-        /// alone there (a remainder of under a tick after a bucket of
-        /// minutes: about one delay in 600 of a 10–30 minute spread).
-        #[test]
-        fn on_the_shipped_ladder_a_last_hold_is_the_lead_or_due(
-            ms in 2_000u64..7_200_000,
-            lag_ms in 0u64..5,
-        ) {
-            let l = effective_ladder(
-                PlacementStrategy::Cascade,
-                &Ladder::from_labels(&["30s", "1m", "5m", "30m", "1h", "3h"]).unwrap(),
-            );
-            let (mut left, mut buckets, mut last) = (Duration::from_millis(ms), 0, None);
-            let lag = Duration::from_millis(lag_ms);
-            while let Some(p) = place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, buckets == 0) {
-                match p {
-                    Placement::Hold(hold) => {
-                        prop_assert!(
-                            last.is_none_or(|ttl| ttl >= GRID_BELOW)
-                                || hold + lag >= LEAD
-                                || hold < ROUND_UP_WITHIN,
-                            "{hold:?} held after {buckets} buckets, the last {last:?}"
-                        );
-                        break;
-                    }
-                    Placement::Bucket { rung, .. } => {
-                        buckets += 1;
-                        last = Some(l.rungs()[rung].ttl);
-                        left = left.saturating_sub(l.rungs()[rung].ttl + lag);
-                    }
-                }
-                prop_assert!(buckets < 10);
-            }
-        }
-    }
-
     proptest! {
         /// The grid: on the shipped ladder, with room to hold, anything from
-        /// 2 s to a minute takes one bucket and a hold under 2 s and the lead.
+        /// 2 s to a minute takes one bucket and a hold under 2 s.
         #[test]
         fn under_a_minute_takes_one_hop_on_the_shipped_ladder(left_ms in 2_000u64..60_000) {
             let l = effective_ladder(
@@ -785,12 +580,12 @@ mod tests {
             );
             let left = Duration::from_millis(left_ms);
             let Some(Placement::Bucket { rung, .. }) =
-                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, true)
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM)
             else {
                 panic!("{left:?} not placed");
             };
             let after = left.saturating_sub(l.rungs()[rung].ttl);
-            prop_assert!(after < HOLD_WITH_ROOM + LEAD, "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
+            prop_assert!(after < HOLD_WITH_ROOM, "{left:?}: {after:?} left after {}", l.rungs()[rung].label);
         }
 
         /// The multiples of `1m` reach `30m`: on the shipped ladder anything
@@ -804,7 +599,7 @@ mod tests {
             );
             let left = Duration::from_millis(left_ms);
             let Some(Placement::Bucket { rung, .. }) =
-                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM, LEAD, true)
+                place_or_hold(PlacementStrategy::Cascade, &l, left, HOLD_WITH_ROOM)
             else {
                 panic!("{left:?} not placed");
             };
@@ -890,14 +685,9 @@ mod tests {
         for i in 0..n {
             let ms = (lo + (hi - lo) * (f64::from(i) + 0.5) / f64::from(n)).exp();
             let mut left = Duration::from_secs_f64(ms / 1000.0);
-            while let Some(Placement::Bucket { rung, .. }) = place_or_hold(
-                PlacementStrategy::Cascade,
-                eff,
-                left,
-                HOLD_WITH_ROOM,
-                Duration::ZERO,
-                true,
-            ) {
+            while let Some(Placement::Bucket { rung, .. }) =
+                place_or_hold(PlacementStrategy::Cascade, eff, left, HOLD_WITH_ROOM)
+            {
                 hops += 1;
                 left = (left + Duration::from_millis(3)).saturating_sub(eff.rungs()[rung].ttl);
             }

@@ -16,13 +16,11 @@
 use super::SessionError;
 use super::destinations::Destinations;
 use super::gate::{DueFirst, PublishGate};
-use super::pacer::Pacer;
 use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::BrokerError;
 use crate::broker::publish::{Message, Outcome, Publisher};
 use crate::core::decision::{Action, Plan, Rules, Source};
-use crate::core::pacing::LAZY_WINDOW;
 use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
 use lapin::Connection;
@@ -105,8 +103,6 @@ pub struct Forwarder {
     pub abandoned: CancellationToken,
     /// Deliveries held now (see [`Forwarder::hold`]).
     pub holding: AtomicUsize,
-    /// Lazy confirms on the publish connection.
-    pub pacer: Arc<Pacer>,
 }
 
 impl Forwarder {
@@ -146,9 +142,7 @@ impl Forwarder {
             && !after.is_zero()
         {
             // Cascade's last fraction: timed here while the delivery stays
-            // unacked (counted by `hold`, when it was decided). No
-            // coalescing sleep runs past its deadline.
-            let _deadline = super::coalesce::holding_for(*after);
+            // unacked (counted by `hold`, when it was decided).
             tokio::time::sleep(*after).await;
             self.holding.fetch_sub(1, Ordering::Relaxed);
             self.stats.holding(-1);
@@ -195,36 +189,17 @@ impl Forwarder {
             if self.abandoned.is_cancelled() {
                 return Err(SessionError::Abandoned);
             }
-            // The careful lane awaits each answer before its next publish,
-            // and a small window waits on every ack: their confirms must not
-            // wait.
-            let urgent = careful || self.gate.limit() < LAZY_WINDOW;
-            let ticket = self.pacer.sent(urgent);
             let sent = std::time::Instant::now();
-            let sent_ms = super::clock::now_ms();
             let outcome = lane.publish(message).await?;
             let took = sent.elapsed();
-            // When the broker had it: a confirm read late (up to LAZY_FOR
-            // after it came) says only that it was between the publish and
-            // now, so the publish stands for it.
-            let confirmed_ms = if ticket.late {
-                sent_ms
-            } else {
-                super::clock::now_ms()
-            };
-            // A confirm read late says nothing of the broker's latency.
-            if ticket.late {
-                self.stats.record_lazy_confirm();
-            } else {
-                self.stats.record_confirm(took);
-                if matches!(
-                    outcome,
-                    Outcome::Confirmed | Outcome::Returned | Outcome::Nacked
-                ) {
-                    entry.answered(took);
-                }
+            let confirmed_ms = super::clock::now_ms();
+            self.stats.record_confirm(took);
+            if matches!(
+                outcome,
+                Outcome::Confirmed | Outcome::Returned | Outcome::Nacked
+            ) {
+                entry.answered(took);
             }
-            drop(ticket);
             drop(entry);
             drop(turn);
             let action = &pending.plan.action;

@@ -11,8 +11,6 @@
 //!   message, refused one).
 //! - [`presence`]: the routers of one prefix announce themselves and know of
 //!   each other.
-//! - [`pacer`]: lazy confirms: the publish connection's socket wakes the
-//!   router for a confirm only when it must ([`crate::core::pacing`]).
 //! - [`settle`]: acks source deliveries in bulk once their replacements are confirmed.
 //! - [`prefetch`]: the prefetch window, sized to a byte budget.
 //! - [`tombstones`]: cancelled message-ids, read from the cancels stream.
@@ -20,7 +18,6 @@
 //!   whether it is ready; [`endpoint`]: `/metrics`, `/healthz`, `/readyz`.
 
 pub mod clock;
-pub mod coalesce;
 pub mod destinations;
 pub mod drift;
 pub mod endpoint;
@@ -28,7 +25,6 @@ pub mod forward;
 pub mod gate;
 pub mod health;
 pub mod janitor;
-pub mod pacer;
 pub mod pipeline;
 pub mod prefetch;
 pub mod presence;
@@ -132,7 +128,6 @@ pub async fn run_with_stats(
     if config.queue_type == QueueTypeSetting::Fixed(QueueType::Classic) {
         warn_classic();
     }
-    coalesce::set_tick(config.coalesce);
     let rules = Arc::new(Rules::from_config(&config));
     let stop = CancellationToken::new();
     let health = Arc::new(health::Health::default());

@@ -8,7 +8,6 @@ use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
 use super::gate::{DueFirst, PublishGate};
 use super::health::Health;
-use super::pacer::Pacer;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
 use super::stats::Stats;
@@ -44,8 +43,6 @@ pub struct Pipeline {
     pub inflight_bytes: u64,
     /// The due lane before the expired queue (shared by the session's pipelines).
     pub due_first: Arc<DueFirst>,
-    /// Lazy confirms on the publish connection (shared by the session's pipelines).
-    pub pacer: Arc<Pacer>,
 }
 
 /// Deliveries the due lane's window has beyond `prefetch`, for holds.
@@ -124,7 +121,6 @@ impl Pipeline {
             due_first: self.due_first.clone(),
             abandoned: abandoned.clone(),
             holding: Default::default(),
-            pacer: self.pacer.clone(),
         });
         // Made once, not at every delivery: each one registers with its
         // token when first polled and leaves it when dropped.
@@ -221,7 +217,6 @@ impl Pipeline {
         tracker: &TaskTracker,
         hold_cap: usize,
     ) -> Result<(), SessionError> {
-        super::coalesce::delivered();
         let now = clock::now();
         let now_ms = now.down_ms();
         let cancelled = match self.source {

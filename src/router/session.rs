@@ -4,7 +4,6 @@
 //! janitor and the drift watch beside them, and close. The first fault of any
 //! task ends the session.
 
-use super::pacer::Pacer;
 use super::pipeline::Pipeline;
 use super::presence::{self, Announcement};
 use super::{SessionError, Shared, drift, janitor, tombstones};
@@ -71,9 +70,8 @@ pub async fn run(
     let conn = Arc::new(conn);
     // Publishing on the same node first: one node's fault then costs one
     // reconnect, not two.
-    let (publish_conn, pacer) =
-        match broker::connect_any_with_socket(urls, used, ca, &name("publish")).await {
-            Ok((c, _, socket)) => (Arc::new(c), Arc::new(Pacer::new(socket))),
+    let publish_conn = match broker::connect_any(urls, used, ca, &name("publish")).await {
+            Ok((c, _)) => Arc::new(c),
             Err(e) => {
                 close_connection(&conn, "bye").await;
                 return Err(e.into());
@@ -138,10 +136,6 @@ pub async fn run(
             async move { presence::run(&conn, &names, &me, &shared.peers, every, halt).await }
                 .instrument(info_span!("presence")),
         )
-    };
-    let pacing = {
-        let (pacer, halt) = (pacer.clone(), halt.clone());
-        tokio::spawn(async move { pacer.run(halt).await }.instrument(info_span!("pacer")))
     };
     let janitor = {
         let (conn, topology, halt) = (conn.clone(), topology.clone(), halt.clone());
@@ -224,7 +218,6 @@ pub async fn run(
                     prefetch: config.prefetch,
                     inflight_bytes: config.inflight_bytes,
                     due_first: due_first.clone(),
-                    pacer: pacer.clone(),
                 };
                 let stop = stop.clone();
                 pipelines.push(tokio::spawn(
@@ -254,7 +247,6 @@ pub async fn run(
         ("cancels", follower),
     ];
     wind_down(side, RPC_TIMEOUT).await;
-    let _ = pacing.await;
     close_connection(&conn, "delay-router stopping").await;
     close_connection(&publish_conn, "delay-router stopping").await;
     debug!(

@@ -90,7 +90,6 @@ pub struct Stats {
     sessions: Counter,
     reconnects: Counter,
     suspects: Counter,
-    lazy_confirms: Counter,
     abandoned: Counter,
     refusals: Counter,
     lateness: Histogram,
@@ -158,7 +157,6 @@ impl Stats {
             sessions: Counter::default(),
             reconnects: Counter::default(),
             suspects: Counter::default(),
-            lazy_confirms: Counter::default(),
             abandoned: Counter::default(),
             refusals: Counter::default(),
             lateness: histogram(&LATENESS_BUCKETS),
@@ -242,11 +240,6 @@ impl Stats {
             "delay_router_publishes_resent",
             "Publishes in flight on a channel the broker closed, sent again one at a time",
             self.suspects.clone(),
-        );
-        r.register(
-            "delay_router_publishes_confirmed_lazily",
-            "Publishes whose confirm was read at a later wake-up (lazy confirms, few unconfirmed), not counted in delay_router_publish_confirm_seconds",
-            self.lazy_confirms.clone(),
         );
         r.register(
             "delay_router_deliveries_abandoned",
@@ -470,12 +463,6 @@ impl Stats {
     /// Records how long the broker took to confirm a publish.
     pub fn record_confirm(&self, took: Duration) {
         self.confirm.observe(took.as_secs_f64());
-    }
-
-    /// Counts a publish whose confirm was read lazily (its latency is not
-    /// the broker's, so it is not in the confirm histogram).
-    pub fn record_lazy_confirm(&self) {
-        self.lazy_confirms.inc();
     }
 
     /// A source delivery taken (+1) or settled (-1).
