@@ -16,9 +16,7 @@ use lapin::protocol::AMQPErrorKind;
 use std::future::Future;
 use std::time::Duration;
 
-pub use connect::{
-    channel, close_channel, close_connection, connect, connect_any,
-};
+pub use connect::{channel, close_channel, close_connection, connect, connect_any};
 
 /// Longest wait for a connection to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -402,12 +402,7 @@ impl Rules {
             due_ms: transit.deadline_ms,
             hops: u32::try_from(transit.hops.max(0)).unwrap_or(u32::MAX),
         };
-        match placement::place_or_hold(
-            self.strategy,
-            &self.ladder,
-            remaining,
-            hold_up_to,
-        ) {
+        match placement::place_or_hold(self.strategy, &self.ladder, remaining, hold_up_to) {
             None => deliver(Duration::ZERO),
             Some(Placement::Hold(after)) => deliver(after),
             Some(Placement::Bucket {

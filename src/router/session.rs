@@ -71,12 +71,12 @@ pub async fn run(
     // Publishing on the same node first: one node's fault then costs one
     // reconnect, not two.
     let publish_conn = match broker::connect_any(urls, used, ca, &name("publish")).await {
-            Ok((c, _)) => Arc::new(c),
-            Err(e) => {
-                close_connection(&conn, "bye").await;
-                return Err(e.into());
-            }
-        };
+        Ok((c, _)) => Arc::new(c),
+        Err(e) => {
+            close_connection(&conn, "bye").await;
+            return Err(e.into());
+        }
+    };
     let (server, version) = match broker::server::server_info(&urls[used], ca).await {
         Ok(info) => (info.to_string(), info.major_minor()),
         Err(e) => (format!("unknown ({e})"), None),
