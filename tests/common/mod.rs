@@ -361,29 +361,28 @@ impl Harness {
 
     /// Publishes to the router exchange and waits for the confirm.
     pub async fn publish(&self, routing_key: &str, props: BasicProperties, body: &[u8]) {
-        let c = self
-            .ch
-            .basic_publish(
-                self.names.router_exchange.clone(),
-                routing_key.into(),
-                BasicPublishOptions::default(),
-                body,
-                props,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert!(c.is_ack());
+        let exchange = self.names.router_exchange.clone();
+        self.publish_to(exchange, routing_key, props, body).await;
     }
 
     /// Publishes to the control exchange (cancel requests) and waits for the confirm.
     pub async fn publish_control(&self, props: BasicProperties, body: &[u8]) {
+        let exchange = self.names.control.clone();
+        self.publish_to(exchange, "", props, body).await;
+    }
+
+    async fn publish_to(
+        &self,
+        exchange: lapin::types::ShortString,
+        routing_key: &str,
+        props: BasicProperties,
+        body: &[u8],
+    ) {
         let c = self
             .ch
             .basic_publish(
-                self.names.control.clone(),
-                "".into(),
+                exchange,
+                routing_key.into(),
                 BasicPublishOptions::default(),
                 body,
                 props,
