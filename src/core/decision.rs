@@ -348,22 +348,25 @@ impl Rules {
         let control = self.names.control.as_str();
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
-        if exchange == control {
-            if contract::cancel_request(headers).is_none() {
+        let on_control = exchange == control;
+        let request = match contract::cancel_request(headers) {
+            None if on_control => {
                 return Some(refused(format!(
                     "a message on the control exchange '{control}' without {}",
                     contract::CANCEL_MESSAGE_ID
                 )));
             }
-        } else if headers.contains_key("x-death") || contract::cancel_request(headers).is_none() {
-            return None;
-        } else {
-            return Some(refused(format!(
-                "cancel requests go to the control exchange '{control}', not '{}'",
-                reasons::exchange_label(exchange)
-            )));
-        }
-        Some(match contract::cancel_request(headers)? {
+            None => return None,
+            Some(_) if !on_control && headers.contains_key("x-death") => return None,
+            Some(_) if !on_control => {
+                return Some(refused(format!(
+                    "cancel requests go to the control exchange '{control}', not '{}'",
+                    reasons::exchange_label(exchange)
+                )));
+            }
+            Some(request) => request,
+        };
+        Some(match request {
             Ok(id) if id.as_str().is_empty() => {
                 refused(format!("{} is empty", contract::CANCEL_MESSAGE_ID))
             }

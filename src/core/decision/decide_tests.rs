@@ -10,19 +10,24 @@ use crate::core::wire;
 use crate::testkit::props::{props, s};
 use lapin::types::{AMQPValue, FieldTable};
 
+/// The context of a delivery read at exactly NOW, with little held.
+fn context(unit: f64) -> Context {
+    Context {
+        clock: Clock::at_ms(NOW),
+        unit,
+        frame_max: 131_072,
+        cancelled: false,
+        hold_up_to: crate::core::placement::HOLD_BELOW,
+    }
+}
+
 #[test]
 fn decide_stamps_a_derived_message_id_at_ingress_and_keeps_a_senders() {
     let p = props(&[
         ("x-requested-delay", AMQPValue::LongInt(1500)),
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
-    let cx = Context {
-        clock: Clock::at_ms(NOW),
-        unit: 0.0,
-        frame_max: 131_072,
-        cancelled: false,
-        hold_up_to: crate::core::placement::HOLD_BELOW,
-    };
+    let cx = context(0.0);
     let decide = |p: &BasicProperties| {
         rules().decide(
             Delivery {
@@ -62,13 +67,7 @@ fn decide_removes_what_a_quorum_queue_adds_on_redelivery() {
         ("x-acquired-count", AMQPValue::LongLongInt(4)),
     ])
     .with_message_id("m".into());
-    let cx = Context {
-        clock: Clock::at_ms(NOW),
-        unit: 0.0,
-        frame_max: 131_072,
-        cancelled: false,
-        hold_up_to: crate::core::placement::HOLD_BELOW,
-    };
+    let cx = context(0.0);
     let d = Delivery {
         source: Source::Ingress,
         exchange: "t.router",
@@ -221,13 +220,7 @@ fn the_draw_picks_a_rungs_queue_and_every_hop_may_take_another() {
     ]);
     let rules = rules().with_bucket_shards(Some(4));
     let decide = |source, p: &BasicProperties, unit| {
-        let cx = Context {
-            clock: Clock::at_ms(NOW),
-            unit,
-            frame_max: 131_072,
-            cancelled: false,
-            hold_up_to: crate::core::placement::HOLD_BELOW,
-        };
+        let cx = context(unit);
         rules.decide(
             Delivery {
                 source,
@@ -286,13 +279,7 @@ fn only_the_control_exchange_takes_cancel_requests() {
         ("x-requested-delay", AMQPValue::LongInt(1500)),
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
-    let cx = Context {
-        clock: Clock::at_ms(NOW),
-        unit: 0.0,
-        frame_max: 131_072,
-        cancelled: false,
-        hold_up_to: crate::core::placement::HOLD_BELOW,
-    };
+    let cx = context(0.0);
     let decide = |exchange: &str, p: &BasicProperties| {
         rules()
             .decide(
