@@ -31,9 +31,8 @@
 //! round (same broker, same run), to compare two builds of the router;
 //! BENCH_BIN=/path/to/delay-router replaces the one `cargo bench` built.
 //! BENCH_PREFETCH and BENCH_BASELINE_PREFETCH set `amqp.prefetch` for the
-//! router and for the baseline, BENCH_SHARDS and BENCH_BASELINE_SHARDS
-//! `topology.bucket_shards` (each its binary's default unless set); a
-//! router's drain counts every queue of the bucket's rung.
+//! router and for the baseline; a router's drain counts every queue of the
+//! bucket's rung (its binary's built-in number of queues a rung).
 //!
 //! Every round also runs the floor (benches/floor): lapin alone moving the
 //! same messages between two queues as the router moves them (two
@@ -264,18 +263,14 @@ async fn router_round(
     binary: &std::path::Path,
     broker: u32,
     prefetch_key: &str,
-    shards_key: &str,
 ) -> Drain {
     let prefix = prefix();
     let prefetch = std::env::var(prefetch_key)
         .map(|p| format!("prefetch = \"{p}\"\n"))
         .unwrap_or_default();
-    let shards = std::env::var(shards_key)
-        .map(|s| format!("bucket_shards = \"{s}\"\n"))
-        .unwrap_or_default();
     let qt = queue_type();
     let text = format!(
-        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n{shards}[[bucket]]\nttl = \"1h\"\n"
+        "[amqp]\nurl = \"{URL}\"\n{prefetch}[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{qt}\"\n[[bucket]]\nttl = \"1h\"\n"
     );
     let config = Config::from_toml(&text).unwrap();
     let rules = Rules::new(&config.ladder, config.strategy, &prefix, "guest")
@@ -599,7 +594,7 @@ fn main() {
                         s = d.rate;
                     }
                     Contender::Router(bin) => {
-                        let d = router_round(&conn, n, &bin, broker, "BENCH_PREFETCH", "BENCH_SHARDS").await;
+                        let d = router_round(&conn, n, &bin, broker, "BENCH_PREFETCH").await;
                         println!("round {round}: router CPU {:.1} µs/msg ({:.0} % in the kernel), {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, 100.0 * d.system_share, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         router_system.push(100.0 * d.system_share);
                         broker_router.push(d.broker_us_per_msg);
@@ -610,7 +605,7 @@ fn main() {
                         r = d.rate;
                     }
                     Contender::Baseline(bin) => {
-                        let d = router_round(&conn, n, &bin, broker, "BENCH_BASELINE_PREFETCH", "BENCH_BASELINE_SHARDS").await;
+                        let d = router_round(&conn, n, &bin, broker, "BENCH_BASELINE_PREFETCH").await;
                         println!("round {round}: baseline CPU {:.1} µs/msg, {:.2} context switches/msg, peak RSS {} KiB; broker CPU {:.1} µs/msg", d.cpu_us_per_msg, d.switches_per_msg, d.rss_kib, d.broker_us_per_msg);
                         b = Some(d.rate);
                     }

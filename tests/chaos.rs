@@ -173,7 +173,7 @@ async fn collect(
 async fn run(queue_type: &str) {
     let n = messages();
     let started = Instant::now();
-    let mut extra = format!("[topology]\nqueue_type = \"{queue_type}\"\ncheck_interval = \"1s\"\n");
+    let mut extra = format!("[topology]\nqueue_type = \"{queue_type}\"\n");
     // CHAOS_PREFETCH: the router's window (duplicates per fault grow with it).
     if let Ok(prefetch) = std::env::var("CHAOS_PREFETCH") {
         extra.push_str(&format!(

@@ -424,7 +424,7 @@ async fn a_cluster_survives_node_and_router_faults_losing_nothing() {
         .map(|(_, p)| format!("\"{}\"", node_url(*p)))
         .collect();
     let extra = format!(
-        "[amqp]\nurls = [{}]\n[topology]\nqueue_type = \"quorum\"\ncheck_interval = \"1s\"\n",
+        "[amqp]\nurls = [{}]\n[topology]\nqueue_type = \"quorum\"\n",
         urls.join(", ")
     );
     let path = write_config(&prefix, LADDER, &extra);

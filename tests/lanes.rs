@@ -15,7 +15,11 @@ use std::time::Duration;
 
 const QUORUM: &str = "[topology]\nqueue_type = \"quorum\"\n";
 /// A short due lane, so that a test ladder has messages on both sides of it.
-const DUE_WITHIN: &str = "[placement]\ndue_within = \"1s\"\n";
+/// The due lane takes what is due within 1 s of its bucket's expiry (built
+/// in at 1 m).
+fn due_within_1s(c: &mut delay_router::config::Config) {
+    c.due_within = std::time::Duration::from_secs(1);
+}
 
 fn delayed(ms: i64, to: &str) -> BasicProperties {
     let mut h = FieldTable::default();
@@ -50,7 +54,7 @@ fn placement(rules: &Rules, ms: i64) -> (ShortString, BasicProperties) {
 /// Places messages in their buckets as the router would (no router runs),
 /// waits for the buckets to expire them, and counts where they arrived.
 async fn sorted_by_the_broker(extra: &str) {
-    let h = Harness::new(&["1s", "2s"], &format!("{extra}{DUE_WITHIN}")).await;
+    let h = Harness::tuned(&["1s", "2s"], extra, due_within_1s).await;
     let rules = Rules::from_config(&h.config);
     delay_router::broker::declare::declare(&h.conn, &rules.topology())
         .await
@@ -162,7 +166,7 @@ async fn declaring_over_an_earlier_topology_leaves_one_way_to_each_lane() {
 /// bucket arrives on time through it, with none of the router's headers.
 #[tokio::test]
 async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers() {
-    let mut h = Harness::new(&["1s", "2s"], DUE_WITHIN).await;
+    let mut h = Harness::tuned(&["1s", "2s"], "", due_within_1s).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     // The router's deadlines are on the wall clock (README, Guarantees: "by

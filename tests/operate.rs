@@ -13,10 +13,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 fn metrics_extra(port: u16) -> String {
-    // One queue a rung: the tests read one bucket's depth.
-    format!(
-        "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\ncheck_interval = \"200ms\"\nbucket_shards = \"1\"\n"
-    )
+    format!("[metrics]\nlisten = \"127.0.0.1:{port}\"\n")
+}
+
+/// One queue a rung (the tests read one bucket's depth), and the topology
+/// checked every 200 ms (the gauges it refreshes).
+fn one_queue_fast_checks(c: &mut delay_router::config::Config) {
+    c.bucket_shards = Some(1);
+    c.check_interval = Duration::from_millis(200);
 }
 
 async fn until_scraped(
@@ -51,7 +55,7 @@ fn histogram<'a>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_known_traffic() {
     let port = free_port();
-    let mut h = Harness::new(&["1s", "4s"], &metrics_extra(port)).await;
+    let mut h = Harness::tuned(&["1s", "4s"], &metrics_extra(port), one_queue_fast_checks).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     // 4 delivered at once or after a short wait (timed by the router), 3 waiting in the 4s bucket
@@ -257,7 +261,7 @@ async fn readyz_flips_when_the_broker_goes_away_and_back() {
     let mut proxy = Proxy::start().await;
     let port = free_port();
     let extra = format!("[amqp]\nurl = \"{}\"\n{}", proxy.url(), metrics_extra(port));
-    let mut h = Harness::new(&["1s"], &extra).await;
+    let mut h = Harness::tuned(&["1s"], &extra, one_queue_fast_checks).await;
     h.start_router().await;
     let (healthz, readyz) = (
         format!("http://127.0.0.1:{port}/healthz"),
@@ -312,7 +316,7 @@ async fn readyz_flips_when_the_broker_goes_away_and_back() {
 async fn a_taken_metrics_port_is_a_clear_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let mut h = Harness::new(&["1s"], &metrics_extra(port)).await;
+    let mut h = Harness::tuned(&["1s"], &metrics_extra(port), one_queue_fast_checks).await;
     let config = h.config.clone();
     let ran = tokio::time::timeout(
         Duration::from_secs(10),

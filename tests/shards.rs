@@ -1,4 +1,5 @@
-//! Shards: a rung of several queues (`[topology] bucket_shards`). The router
+//! Shards: a rung of several queues (built in: two a rung with classic
+//! queues, one with quorum queues; `Config::bucket_shards`). The router
 //! spreads what it places in a rung over the rung's queues, every one of them
 //! delivers, and shards a new configuration no longer has are drained and
 //! retired like a removed rung.
@@ -10,6 +11,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const N: usize = 200;
+
+fn shards(n: u8) -> impl Fn(&mut delay_router::config::Config) {
+    move |c| c.bucket_shards = Some(n)
+}
 
 /// Publishes `N` messages with a 3 s delay to `q`, each with its own id.
 async fn publish_all(h: &Harness, q: &str, from: usize) {
@@ -69,8 +74,8 @@ async fn receive_all(
 #[tokio::test]
 async fn a_rung_of_two_queues_takes_half_each_and_both_deliver() {
     // Round-up: the 3 s delay goes to the 3s rung, in one hop.
-    let extra = "[topology]\nbucket_shards = \"2\"\n[placement]\nstrategy = \"round-up\"";
-    let mut h = Harness::new(&["3s"], extra).await;
+    let extra = "[placement]\nstrategy = \"round-up\"";
+    let mut h = Harness::tuned(&["3s"], extra, shards(2)).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let shards = [
@@ -95,9 +100,8 @@ async fn a_rung_of_two_queues_takes_half_each_and_both_deliver() {
 async fn fewer_shards_drain_and_retire_the_queues_above() {
     // Classic: the janitor deletes a retired classic bucket once it is
     // empty (a quorum one is left for the operator, tests/quorum.rs).
-    let two = "[topology]\nbucket_shards = \"2\"\nqueue_type = \"classic\"\ncheck_interval = \"1s\"\n[placement]\nstrategy = \"round-up\"";
-    let one = "[topology]\nbucket_shards = \"1\"\nqueue_type = \"classic\"\ncheck_interval = \"1s\"\n[placement]\nstrategy = \"round-up\"";
-    let mut h = Harness::new(&["3s"], two).await;
+    let extra = "[topology]\nqueue_type = \"classic\"\n[placement]\nstrategy = \"round-up\"";
+    let mut h = Harness::tuned(&["3s"], extra, shards(2)).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let first = format!("{}.bucket.3s", h.prefix);
@@ -111,7 +115,7 @@ async fn fewer_shards_drain_and_retire_the_queues_above() {
     );
     // One queue a rung from now on: what waits in the second still arrives,
     // and the second goes once it is empty.
-    h.restart_with(&["3s"], one).await;
+    h.restart_tuned(&["3s"], extra, shards(1)).await;
     assert!(h.exists(&second).await, "retired before it was drained");
     let copies = receive_all(&h, &q, 0..N, sent).await;
     assert!(copies.values().all(|&c| c == 1), "duplicates: {copies:?}");
@@ -122,22 +126,4 @@ async fn fewer_shards_drain_and_retire_the_queues_above() {
     wait_total(&h, std::slice::from_ref(&first), N as u32).await;
     receive_all(&h, &q, N..2 * N, sent).await;
     h.cleanup().await;
-}
-
-#[test]
-fn the_setting_is_checked() {
-    for bad in ["0", "17", "two", "-1", ""] {
-        let text = config_toml(
-            &random_prefix(),
-            &["1s"],
-            &format!("[topology]\nbucket_shards = \"{bad}\""),
-        );
-        let e = delay_router::config::Config::from_toml(&text)
-            .expect_err(bad)
-            .to_string();
-        assert!(
-            e.contains("topology.bucket_shards") && e.contains("from 1 to 16"),
-            "{bad}: {e}"
-        );
-    }
 }

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// These tests read which rung's queue a message waits in: one queue a rung
 /// (the shards of a rung: tests/shards.rs).
-const ONE_QUEUE_CASCADE: &str =
-    "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"cascade\"";
-const ONE_QUEUE_ROUND_UP: &str =
-    "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"round-up\"";
+const CASCADE: &str = "[placement]\nstrategy = \"cascade\"";
+const ROUND_UP: &str = "[placement]\nstrategy = \"round-up\"";
+
+fn one_queue(c: &mut delay_router::config::Config) {
+    c.bucket_shards = Some(1);
+}
 
 /// Publishes one message per delay (ms) to `queue` via the router; returns send times by id.
 async fn send(h: &Harness, queue: &str, delays: &[u64]) -> BTreeMap<usize, (Instant, u64)> {
@@ -91,7 +93,7 @@ async fn cascade_delivers_within_milliseconds_and_never_early() {
 /// smallest rung one after another).
 #[tokio::test]
 async fn cascade_fills_what_is_under_the_second_rung_with_one_grid_rung() {
-    let mut h = Harness::new(&["3s", "6s"], ONE_QUEUE_CASCADE).await;
+    let mut h = Harness::tuned(&["3s", "6s"], CASCADE, one_queue).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let bucket = |ttl: &str| format!("{}.bucket.{ttl}", h.prefix);
@@ -128,9 +130,9 @@ async fn quorum_buckets_hold_several_laps_of_a_rung() {
 async fn several_laps_in_one_bucket(queue_type: &str) {
     let port = free_port();
     let extra = format!(
-        "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\nbucket_shards = \"1\"\n"
+        "[placement]\nstrategy = \"cascade\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n[topology]\nqueue_type = \"{queue_type}\"\n"
     );
-    let mut h = Harness::new(&["1s", "4s"], &extra).await;
+    let mut h = Harness::tuned(&["1s", "4s"], &extra, one_queue).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let bucket = |label: &str| format!("{}.bucket.{label}", h.prefix);
@@ -192,7 +194,7 @@ async fn priority_is_never_early_and_late_by_at_most_its_bucket() {
 
 #[tokio::test]
 async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_buckets() {
-    let mut h = Harness::new(&["1s", "2s", "5s"], ONE_QUEUE_ROUND_UP).await;
+    let mut h = Harness::tuned(&["1s", "2s", "5s"], ROUND_UP, one_queue).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     let delays: Vec<u64> = (0..30).map(|i| 3_000 + i * 50).collect();
@@ -204,9 +206,10 @@ async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_bucke
         30,
         "all wait in the round-up 5s bucket"
     );
-    h.restart_with(
+    h.restart_tuned(
         &["1s", "2s", "5s"],
-        "[topology]\nbucket_shards = \"1\"\n[placement]\nstrategy = \"priority\"",
+        "[placement]\nstrategy = \"priority\"",
+        one_queue,
     )
     .await;
     lateness(&h, &q, &sent, Duration::from_secs(30)).await;
@@ -224,7 +227,7 @@ async fn switching_strategy_while_messages_wait_loses_none_and_removes_old_bucke
 
 #[tokio::test]
 async fn removing_a_rung_while_messages_wait_loses_none() {
-    let mut h = Harness::new(&["1s", "2s", "5s"], ONE_QUEUE_CASCADE).await;
+    let mut h = Harness::tuned(&["1s", "2s", "5s"], CASCADE, one_queue).await;
     h.start_router().await;
     let q = h.queue("dest").await;
     // Ten in the 5s bucket, ten in 15s (three laps of 5s, which the new
@@ -240,7 +243,7 @@ async fn removing_a_rung_while_messages_wait_loses_none() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(h.depth(&removed).await, 10);
     assert_eq!(h.depth(&multiple).await, 10);
-    h.restart_with(&["1s", "2s"], ONE_QUEUE_CASCADE).await;
+    h.restart_tuned(&["1s", "2s"], CASCADE, one_queue).await;
     let late = lateness(&h, &q, &sent, Duration::from_secs(40)).await;
     assert_eq!(late.len(), 20);
     h.wait_retired(&[&removed, &multiple], Duration::from_secs(30))

@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use delay_router::core::decision::Rules;
+use delay_router::core::envelope::TransitFormat;
 use lapin::BasicProperties;
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -60,8 +61,8 @@ async fn peek_bucket(h: &Harness) -> FieldTable {
 }
 
 /// A message with 8 s to wait through `5s` buckets: placed, peeked at, delivered.
-async fn place_peek_deliver(extra: &str) -> FieldTable {
-    let mut h = Harness::new(&["5s"], extra).await;
+async fn place_peek_deliver(format: TransitFormat) -> FieldTable {
+    let mut h = Harness::tuned(&["5s"], "", |c| c.transit_format = format).await;
     h.start_router().await;
     let dest = h.queue("dest").await;
     let props = BasicProperties::default().with_headers(headers(&[
@@ -86,7 +87,7 @@ async fn place_peek_deliver(extra: &str) -> FieldTable {
 
 #[tokio::test]
 async fn by_default_a_waiting_message_carries_one_compact_record() {
-    let waiting = place_peek_deliver("").await;
+    let waiting = place_peek_deliver(TransitFormat::Compact).await;
     let Some(AMQPValue::LongString(record)) = waiting.inner().get("x-delay-router") else {
         panic!("no compact record: {waiting:?}");
     };
@@ -108,7 +109,7 @@ async fn by_default_a_waiting_message_carries_one_compact_record() {
 
 #[tokio::test]
 async fn told_to_spell_it_out_the_router_writes_the_four_headers() {
-    let waiting = place_peek_deliver("[placement]\ntransit_format = \"spelled-out\"").await;
+    let waiting = place_peek_deliver(TransitFormat::SpelledOut).await;
     assert!(!waiting.contains_key("x-delay-router"), "{waiting:?}");
     for k in SPELLED_OUT {
         assert!(waiting.contains_key(k), "{k} missing: {waiting:?}");

@@ -153,7 +153,10 @@ pub fn decode(data: &[u8]) -> Option<Message> {
     let later_ms = be(6, 4) as i64;
     let clock = be(10, 8);
     let now_ms = if flags & CLOCK_ANY != 0 {
-        clock as i64
+        // Any instant from the epoch to the year 2248: the router's clock
+        // reads u64 nanoseconds (to 2554), and every deadline a message
+        // followed from here may reach stays inside that range.
+        (clock >> 21) as i64
     } else if flags & CLOCK_NEAR != 0 {
         NOW + (clock >> 32) as i64
     } else {

@@ -95,7 +95,6 @@ struct RawAmqp {
     url: Option<String>,
     urls: Option<Vec<String>>,
     prefetch: Option<String>,
-    inflight_bytes: Option<String>,
     ca_file: Option<String>,
 }
 
@@ -105,16 +104,12 @@ struct RawTopology {
     prefix: Option<String>,
     queue_type: Option<String>,
     classic_queue_version: Option<String>,
-    check_interval: Option<String>,
-    bucket_shards: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlacement {
     strategy: Option<String>,
-    due_within: Option<String>,
-    transit_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,7 +133,7 @@ pub enum ConfigError {
     Ladder(#[from] LadderError),
 }
 
-/// The most queues a rung may have (`[topology] bucket_shards`).
+/// The most queues a rung may have ([`Config::bucket_shards`]).
 pub const MAX_BUCKET_SHARDS: u8 = 16;
 
 /// Default period of the topology check (passive declares, repair on drift).
@@ -155,26 +150,31 @@ pub struct Config {
     pub urls: Vec<AmqpUrl>,
     /// Extra CA certificates trusted for `amqps://`.
     pub ca_file: Option<CaFile>,
-    /// How often the router checks its topology and repairs what is missing.
-    pub check_interval: std::time::Duration,
     pub prefetch: u16,
-    pub inflight_bytes: u64,
     pub prefix: String,
     pub strategy: PlacementStrategy,
-    /// `[placement] due_within`: a message due within this long after its
-    /// bucket expires it goes to the due lane.
-    pub due_within: std::time::Duration,
-    /// `[placement] transit_format`: how the router's bookkeeping is written
-    /// into bucket messages (both formats are always read).
-    pub transit_format: crate::core::envelope::TransitFormat,
     /// `[topology] queue_type`: classic, quorum, or auto (the default): the
     /// type the prefix's queues already have, quorum for a new prefix.
     pub queue_type: QueueTypeSetting,
     /// `[topology] classic_queue_version`: `x-queue-version` of every classic
     /// queue the router declares; `None` declares none (the broker's default).
+    /// A key because the broker refuses to redeclare a queue with another
+    /// version than it was declared with.
     pub classic_queue_version: Option<u8>,
-    /// `[topology] bucket_shards`: queues per rung; `None`: the queue type's
-    /// default ([`crate::core::topology::default_bucket_shards`]).
+    /// Built in, not a key: how often the router checks its topology and
+    /// repairs what is missing.
+    pub check_interval: std::time::Duration,
+    /// Built in, not a key: bytes in flight per consumer; the prefetch window
+    /// shrinks to fit large messages.
+    pub inflight_bytes: u64,
+    /// Built in, not a key: a message due within this long after its bucket
+    /// expires it goes to the due lane.
+    pub due_within: std::time::Duration,
+    /// Built in, not a key: how the router's bookkeeping is written into
+    /// bucket messages (both formats are always read).
+    pub transit_format: crate::core::envelope::TransitFormat,
+    /// Built in, not a key: queues per rung; `None`: the queue type's default
+    /// ([`crate::core::topology::default_bucket_shards`]).
     pub bucket_shards: Option<u8>,
     pub ladder: Ladder,
     /// Retry policies, first match wins.
@@ -266,10 +266,6 @@ impl Config {
                     )
                 })?,
         };
-        let inflight_bytes = match raw.amqp.inflight_bytes {
-            None => DEFAULT_INFLIGHT_BYTES,
-            Some(b) => parse_bytes(&b).map_err(|m| invalid("amqp.inflight_bytes", &b, m))?,
-        };
         let ca_file = match raw.amqp.ca_file {
             None => None,
             Some(path) if !urls.iter().all(AmqpUrl::is_tls) => {
@@ -280,19 +276,6 @@ impl Config {
                 ));
             }
             Some(path) => Some(CaFile::read(&path).map_err(|m| invalid("amqp.ca_file", &path, m))?),
-        };
-        let check_interval = match raw.topology.check_interval {
-            None => DEFAULT_CHECK_INTERVAL,
-            Some(v) => humantime::parse_duration(v.trim())
-                .ok()
-                .filter(|d| *d >= std::time::Duration::from_millis(100))
-                .ok_or_else(|| {
-                    invalid(
-                        "topology.check_interval",
-                        &v,
-                        "expected a duration of at least 100ms, such as \"5s\"".into(),
-                    )
-                })?,
         };
         let prefix = raw.topology.prefix.unwrap_or_else(|| "delay".into());
         if prefix.is_empty()
@@ -311,22 +294,6 @@ impl Config {
         let strategy = strategy_raw
             .parse::<PlacementStrategy>()
             .map_err(|m| invalid("placement.strategy", &strategy_raw, m))?;
-        let due_within = match raw.placement.due_within {
-            None => crate::core::placement::DEFAULT_DUE_WITHIN,
-            Some(v) => humantime::parse_duration(v.trim()).map_err(|_| {
-                invalid(
-                    "placement.due_within",
-                    &v,
-                    "expected a duration such as \"2m\" (0s: no due lane)".into(),
-                )
-            })?,
-        };
-        let transit_format = match raw.placement.transit_format {
-            None => crate::core::envelope::TransitFormat::default(),
-            Some(v) => v
-                .parse()
-                .map_err(|m| invalid("placement.transit_format", &v, m))?,
-        };
         let queue_type_raw = raw.topology.queue_type.unwrap_or_else(|| "auto".into());
         let queue_type = queue_type_raw
             .parse::<QueueTypeSetting>()
@@ -355,22 +322,6 @@ impl Config {
                 }
                 Some(version)
             }
-        };
-        let bucket_shards = match raw.topology.bucket_shards {
-            None => None,
-            Some(v) => Some(
-                v.trim()
-                    .parse::<u8>()
-                    .ok()
-                    .filter(|n| (1..=MAX_BUCKET_SHARDS).contains(n))
-                    .ok_or_else(|| {
-                        invalid(
-                            "topology.bucket_shards",
-                            &v,
-                            format!("expected a whole number from 1 to {MAX_BUCKET_SHARDS}"),
-                        )
-                    })?,
-            ),
         };
         // `priority` with quorum buckets depends on the broker's version: the
         // router judges it once connected (core::compat).
@@ -448,16 +399,16 @@ impl Config {
             url,
             urls,
             ca_file,
-            check_interval,
             prefetch,
-            inflight_bytes,
             prefix,
             strategy,
-            due_within,
-            transit_format,
             queue_type,
             classic_queue_version,
-            bucket_shards,
+            check_interval: DEFAULT_CHECK_INTERVAL,
+            inflight_bytes: DEFAULT_INFLIGHT_BYTES,
+            due_within: crate::core::placement::DEFAULT_DUE_WITHIN,
+            transit_format: crate::core::envelope::TransitFormat::default(),
+            bucket_shards: None,
             ladder,
             policies,
             allow_destinations,
@@ -583,33 +534,6 @@ fn validate_policy(i: usize, p: &RawPolicy) -> Result<Policy, ConfigError> {
         jitter,
         max_attempts: p.max_attempts,
     })
-}
-
-/// Parses a byte size: a whole number with an optional unit B, KiB, MiB, GiB (or KB, MB, GB as powers of 1000).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("\"{s}\" is not a size such as \"64MiB\""))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        other => {
-            return Err(format!(
-                "unknown unit \"{other}\" in \"{s}\"; use B, KiB, MiB or GiB"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .filter(|b| *b > 0)
-        .ok_or_else(|| format!("\"{s}\" must be between 1 byte and 16 EiB"))
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 use super::*;
 use std::time::Duration;
 
-const MIB: u64 = 1 << 20;
 const SHIPPED: &str = include_str!("../../buckets.toml");
 
 #[test]
@@ -47,27 +46,27 @@ fn invalid_values_name_the_key_and_the_value() {
         e.starts_with("placement.strategy = \"fastest\": unknown strategy"),
         "{e}"
     );
-    let e = err("[placement]\ndue_within = \"soon\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(e.starts_with("placement.due_within = \"soon\""), "{e}");
-    let e = err("[placement]\ntransit_format = \"short\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(
-        e.starts_with(
-            "placement.transit_format = \"short\": expected \"compact\" or \"spelled-out\""
-        ),
-        "{e}"
-    );
     let e = err("[topology]\nprefix = \"a b\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.prefix = \"a b\""), "{e}");
     let e = err("[amqp]\nurl = \"http://u:secret@h\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("amqp.url = \"http://u:***@h\""), "{e}");
     assert!(!e.contains("secret"), "{e}");
-    let e = err("[amqp]\ninflight_bytes = \"lots\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(e.starts_with("amqp.inflight_bytes = \"lots\""), "{e}");
     let e = err("[amqp]\nprefetch = \"0\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("amqp.prefetch = \"0\""), "{e}");
     // A key of an earlier version that no longer exists is named.
-    let e = err("[amqp]\ncoalesce = \"20ms\"\n[[bucket]]\nttl = \"1s\"");
-    assert!(e.contains("unknown field `coalesce`"), "{e}");
+    for (section, key) in [
+        ("amqp", "coalesce"),
+        ("amqp", "inflight_bytes"),
+        ("topology", "bucket_shards"),
+        ("topology", "check_interval"),
+        ("placement", "due_within"),
+        ("placement", "transit_format"),
+    ] {
+        let e = err(&format!(
+            "[{section}]\n{key} = \"1\"\n[[bucket]]\nttl = \"1s\""
+        ));
+        assert!(e.contains(&format!("unknown field `{key}`")), "{e}");
+    }
     let e = err("[topology]\nqueue_type = \"mirrored\"\n[[bucket]]\nttl = \"1s\"");
     assert!(e.starts_with("topology.queue_type = \"mirrored\""), "{e}");
     let e = err("[topology]\nclassic_queue_version = 3\n[[bucket]]\nttl = \"1s\"");
@@ -248,21 +247,6 @@ fn redaction_hides_only_the_password() {
 }
 
 #[test]
-fn byte_sizes_parse_with_units() {
-    assert_eq!(parse_bytes("64MiB"), Ok(64 * MIB));
-    assert_eq!(parse_bytes("1 GiB"), Ok(1 << 30));
-    assert_eq!(parse_bytes("4096"), Ok(4096));
-    assert_eq!(parse_bytes("2MB"), Ok(2_000_000));
-    assert!(parse_bytes("0").is_err());
-    assert!(parse_bytes("lots").is_err());
-    assert!(
-        parse_bytes("5 parsecs")
-            .unwrap_err()
-            .contains("unknown unit")
-    );
-}
-
-#[test]
 fn several_nodes_are_one_url_list_of_one_user_and_virtual_host() {
     let c = Config::from_toml(
         "[amqp]\nurls = [\"amqp://u:p@n1:5672/v\", \"amqp://u:p@n2:5672/v\"]\n[[bucket]]\nttl = \"1s\"",
@@ -309,7 +293,7 @@ fn the_node_list_can_come_from_the_environment() {
 }
 
 #[test]
-fn bucket_shards_follow_the_queue_type_unless_configured() {
+fn bucket_shards_follow_the_queue_type_unless_set() {
     use crate::core::decision::Rules;
     use crate::core::topology::QueueType;
     let one = "[[bucket]]\nttl = \"1s\"\n";
@@ -324,17 +308,128 @@ fn bucket_shards_follow_the_queue_type_unless_configured() {
             .bucket_shards(),
         2
     );
-    let three = Config::from_toml(&format!("[topology]\nbucket_shards = 3\n{one}")).unwrap();
-    assert_eq!(three.bucket_shards, Some(3));
+    let mut three = unset.clone();
+    three.bucket_shards = Some(3);
     let rules = Rules::from_config(&three).with_queue_type(QueueType::Classic);
     assert_eq!(rules.bucket_shards(), 3);
     assert_eq!(
         rules.topology().bucket_names().len(),
         3 * rules.ladder.rungs().len()
     );
-    let e = err("[topology]\nbucket_shards = 0\n[[bucket]]\nttl = \"1s\"");
+}
+
+/// Every key the configuration accepts, as `section.key` (`bucket[].ttl` for
+/// an array of tables), read off the structs serde deserializes.
+fn accepted_keys() -> std::collections::BTreeSet<String> {
+    use serde_reflection::{ContainerFormat, Format, Samples, Tracer, TracerConfig};
+    let mut tracer = Tracer::new(TracerConfig::default());
+    tracer
+        .trace_type::<RawSettings>(&Samples::new())
+        .expect("the configuration's structs can be traced");
+    let registry = tracer.registry().expect("every type traced");
+    let fields = |name: &str| match registry.get(name) {
+        Some(ContainerFormat::Struct(fields)) => fields.clone(),
+        other => panic!("{name} is not a struct: {other:?}"),
+    };
+    let mut keys = std::collections::BTreeSet::new();
+    for section in fields("RawSettings") {
+        let (array, inner) = match &section.value {
+            Format::TypeName(t) => ("", t.clone()),
+            Format::Seq(f) => match f.as_ref() {
+                Format::TypeName(t) => ("[]", t.clone()),
+                other => panic!("{}: {other:?}", section.name),
+            },
+            other => panic!("{}: {other:?}", section.name),
+        };
+        for key in fields(&inner) {
+            keys.insert(format!("{}{array}.{}", section.name, key.name));
+        }
+    }
+    keys
+}
+
+#[test]
+fn the_configuration_reference_lists_every_key_and_nothing_else() {
+    let page = include_str!("../../docs/configuration.md");
+    // A row: | `section.key` | `DELAY_ROUTER__SECTION__KEY` or file only | ...
+    let mut documented = std::collections::BTreeSet::new();
+    for row in page.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let key = cells[1].trim_matches('`').to_owned();
+        let env = cells[2];
+        if key.contains("[]") {
+            assert_eq!(
+                env, "file only",
+                "{key}: arrays of tables come from the file"
+            );
+        } else {
+            let expected = format!("`{ENV_PREFIX}__{}`", key.replace('.', "__").to_uppercase());
+            assert_eq!(env, expected, "{key}: the environment variable");
+        }
+        assert!(
+            cells.len() >= 6 && !cells[4].is_empty(),
+            "{key}: no default"
+        );
+        assert!(documented.insert(key.clone()), "{key} twice");
+    }
+    let accepted = accepted_keys();
+    let missing: Vec<_> = accepted.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&accepted).collect();
     assert!(
-        e.starts_with("topology.bucket_shards = \"0\": expected a whole number from 1 to 16"),
-        "{e}"
+        missing.is_empty() && stale.is_empty(),
+        "docs/configuration.md: keys without a row {missing:?}, rows without a key {stale:?}"
     );
+}
+
+#[test]
+fn every_key_of_the_shipped_file_is_in_the_reference_commented_or_not() {
+    let accepted = accepted_keys();
+    let mut section = String::new();
+    for line in SHIPPED.lines() {
+        let line = line.trim_start_matches('#').trim();
+        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
+            section = format!("{name}[]");
+        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+        } else if let Some((key, _)) = line.split_once(" = ") {
+            let key = key.trim();
+            if key.chars().all(|c| c.is_ascii_lowercase() || c == '_') && !key.is_empty() {
+                let full = format!("{section}.{key}");
+                assert!(
+                    accepted.contains(&full),
+                    "buckets.toml names {full}, not a key"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn environment_variables_reach_every_scalar_key() {
+    // One scalar key per section, set from the environment only.
+    let dir = std::env::temp_dir().join(format!("dr-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("buckets.toml");
+    std::fs::write(&path, "[[bucket]]\nttl = \"1s\"\n").unwrap();
+    let env = [
+        ("DELAY_ROUTER__AMQP__PREFETCH", "7"),
+        ("DELAY_ROUTER__TOPOLOGY__PREFIX", "envtest"),
+        ("DELAY_ROUTER__TOPOLOGY__QUEUE_TYPE", "classic"),
+        ("DELAY_ROUTER__TOPOLOGY__CLASSIC_QUEUE_VERSION", "2"),
+        ("DELAY_ROUTER__PLACEMENT__STRATEGY", "round-up"),
+        ("DELAY_ROUTER__METRICS__LISTEN", "127.0.0.1:9999"),
+        ("DELAY_ROUTER__LOG__FORMAT", "json"),
+        ("DELAY_ROUTER__CANCEL__KEEP", "2d"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let c = Config::load_with_env(&path, env).unwrap();
+    assert_eq!(c.prefetch, 7);
+    assert_eq!(c.prefix, "envtest");
+    assert_eq!(c.queue_type.to_string(), "classic");
+    assert_eq!(c.classic_queue_version, Some(2));
+    assert_eq!(c.strategy, PlacementStrategy::RoundUp);
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9999".parse().unwrap()));
+    assert_eq!(c.log_format, LogFormat::Json);
+    assert_eq!(c.cancel_keep, Duration::from_secs(2 * 86_400));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -34,8 +34,7 @@ pub const PARKED_AT: &str = "x-parked-at";
 /// format, written by default): `<deadline> <hops> <n>:<exchange> <routing key>`,
 /// the deadline in ms since the Unix epoch, `n` the exchange name's length in
 /// bytes. Replaces the four spelled-out headers below, which the router still
-/// reads (messages placed by earlier versions) and writes when
-/// `[placement] transit_format = "spelled-out"`.
+/// reads (messages placed by earlier versions).
 pub const TRANSIT: &str = "x-delay-router";
 /// Router bookkeeping while a message waits (spelled-out format): destination exchange.
 pub const TRANSIT_EXCHANGE: &str = "x-delay-router-exchange";

@@ -122,11 +122,11 @@ pub struct Rules {
     /// How long a tombstone lives (`[cancel] keep`).
     pub cancel_keep: Duration,
     /// What is due within this long of leaving its bucket waits in the due
-    /// lane (`[placement] due_within`).
+    /// lane ([`Config::due_within`](crate::config::Config::due_within), built in).
     pub due_within: Duration,
-    /// How transit is written into bucket messages (`[placement] transit_format`).
+    /// How transit is written into bucket messages (built in: compact).
     pub transit_format: TransitFormat,
-    /// `[topology] bucket_shards`; `None`: the queue type's default.
+    /// Queues a rung has; `None`: the queue type's default.
     bucket_shards: Option<u8>,
     /// Each rung's bucket queue names, shard 0 first, made by [`Rules::new`]
     /// and again when the queue type or the shards change (a `format!` per
@@ -164,7 +164,7 @@ impl Rules {
         rules
     }
 
-    /// Queues a rung has: `[topology] bucket_shards`, else the queue
+    /// Queues a rung has: as set, else the queue
     /// type's default ([`topology::default_bucket_shards`]).
     pub fn bucket_shards(&self) -> u8 {
         self.bucket_shards

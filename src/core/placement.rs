@@ -25,7 +25,7 @@ pub const HOLD_BELOW: Duration = Duration::from_millis(250);
 /// publish, a confirm, a dead-lettering, a delivery and an ack.
 pub const HOLD_WITH_ROOM: Duration = Duration::from_secs(2);
 /// A message due within this long after its bucket expires it is sorted into
-/// the due lane (`[placement] due_within`).
+/// the due lane (built in; tests shorten it).
 ///
 /// A bucket expires what it holds in waves when many messages entered it
 /// together, and the router then works through them in the order the

@@ -229,7 +229,7 @@ impl Topology {
     }
 }
 
-/// Queues a rung has when `[topology] bucket_shards` is not set. One queue
+/// Queues a rung has unless a test sets another number. One queue
 /// is one broker process, and a classic queue's process is what paced a
 /// drain into one bucket: two of them took 1.2-1.4 times the rate of one on
 /// this project's 2-core machine (README, Performance: "Two queues a

@@ -192,6 +192,14 @@ impl Harness {
         Self::with_prefix(&random_prefix(), ladder, extra).await
     }
 
+    /// Everything but the router, with built-in settings (no key of
+    /// `buckets.toml` sets them) changed by `tune`.
+    pub async fn tuned(ladder: &[&str], extra: &str, tune: impl Fn(&mut Config)) -> Self {
+        let mut h = Self::new(ladder, extra).await;
+        tune(&mut h.config);
+        h
+    }
+
     /// Everything but the router, on a prefix the test chose.
     pub async fn with_prefix(prefix: &str, ladder: &[&str], extra: &str) -> Self {
         init_logs();
@@ -258,6 +266,21 @@ impl Harness {
         self.stop_router().await.expect("router stopped cleanly");
         self.config =
             Config::from_toml(&config_toml(&self.prefix, ladder, extra)).expect("test config");
+        self.queues.extend(every_bucket(&self.config));
+        self.start_router().await;
+    }
+
+    /// As [`Harness::restart_with`], with built-in settings changed by `tune`.
+    pub async fn restart_tuned(
+        &mut self,
+        ladder: &[&str],
+        extra: &str,
+        tune: impl Fn(&mut Config),
+    ) {
+        self.stop_router().await.expect("router stopped cleanly");
+        self.config =
+            Config::from_toml(&config_toml(&self.prefix, ladder, extra)).expect("test config");
+        tune(&mut self.config);
         self.queues.extend(every_bucket(&self.config));
         self.start_router().await;
     }
