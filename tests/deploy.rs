@@ -2,24 +2,39 @@
 //! needed): every metric the Grafana dashboard and the Prometheus rules
 //! query is one the router exports, every panel has a query, the required
 //! alerts exist, the container image runs as non-root with the shipped
-//! configuration and environment overrides the config loader accepts, and
-//! the systemd unit leaves the router its shutdown grace.
+//! configuration and environment overrides the config loader accepts, the
+//! systemd unit leaves the router its shutdown grace, and the Kubernetes
+//! manifests use the ports, probe paths, environment variables, config keys,
+//! user and grace period the code has.
 //!
 //! The tools made for each file (hadolint, promtool, systemd-analyze) run in
-//! `scripts/check-deploy`.
+//! `scripts/check-deploy`; kubectl kustomize, yamllint and
+//! kubernetes-validate in `scripts/check-kubernetes`; the image is built and
+//! run in `scripts/check-image`.
 
-use delay_router::config::{Config, LogFormat};
+use delay_router::broker::RPC_TIMEOUT;
+use delay_router::config::{Config, ENV_PREFIX, LogFormat};
 use delay_router::router::SHUTDOWN_GRACE;
+use delay_router::router::health::Health;
 use delay_router::router::stats::Stats;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 const ALERTS: &str = "deploy/prometheus/alerts.yml";
 const ALERT_TESTS: &str = "deploy/prometheus/alerts_test.yml";
 const DASHBOARD: &str = "deploy/grafana/delay-router.json";
 const DOCKERFILE: &str = "deploy/Dockerfile";
 const UNIT: &str = "deploy/delay-router.service";
+const K8S_KUSTOMIZATION: &str = "deploy/kubernetes/kustomization.yaml";
+const K8S_DEPLOYMENT: &str = "deploy/kubernetes/deployment.yaml";
+const K8S_SERVICE: &str = "deploy/kubernetes/service.yaml";
+const K8S_PDB: &str = "deploy/kubernetes/poddisruptionbudget.yaml";
+const K8S_PODMONITOR: &str = "deploy/kubernetes/podmonitor.yaml";
+const K8S_SECRET_EXAMPLE: &str = "deploy/kubernetes/amqp-secret.example.yaml";
+const K8S_BUCKETS: &str = "deploy/kubernetes/buckets.toml";
 
 const REQUIRED_ALERTS: [&str; 7] = [
     "DelayRouterDown",
@@ -422,11 +437,40 @@ fn the_image_runs_as_non_root_with_the_shipped_configuration() {
         .iter()
         .rposition(|l| l.starts_with("FROM "))
         .expect("FROM");
-    assert!(
-        instructions[last_from].starts_with("FROM debian:bookworm-slim"),
+    // The runtime stage is Debian 12 slim unless a build argument says
+    // otherwise, and takes the binary from the builder stage unless one
+    // names a prebuilt image (scripts/check-image).
+    assert_eq!(
+        instructions[last_from], "FROM ${BASE}",
         "runtime stage: {}",
         instructions[last_from]
     );
+    for arg in [
+        "ARG BASE=debian:bookworm-slim",
+        "ARG BINARY_FROM=builder",
+        "FROM ${BINARY_FROM} AS binary",
+    ] {
+        assert!(
+            instructions[..last_from].contains(&arg),
+            "{DOCKERFILE}: no `{arg}` before the runtime stage"
+        );
+    }
+    assert!(
+        instructions
+            .iter()
+            .any(|l| l.starts_with("FROM rust:") && l.ends_with(" AS builder")),
+        "{DOCKERFILE}: no builder stage"
+    );
+    for file in [
+        "/usr/local/bin/delay-router",
+        "/etc/ssl/certs/ca-certificates.crt",
+    ] {
+        assert!(
+            instructions[last_from..]
+                .contains(&format!("COPY --from=binary {file} {file}").as_str()),
+            "{DOCKERFILE}: the runtime stage does not copy {file} from the binary stage"
+        );
+    }
     assert!(
         instructions[last_from..].contains(&"COPY buckets.toml /etc/delay-router/buckets.toml"),
         "the image ships buckets.toml as /etc/delay-router/buckets.toml"
@@ -495,4 +539,459 @@ fn the_systemd_unit_leaves_the_router_its_shutdown_grace() {
         !unit.lines().any(|l| l.trim().starts_with("ProcSubset=pid")),
         "ProcSubset=pid hides /proc/sys/kernel/hostname"
     );
+}
+
+// ------------------------------------------------------------- Kubernetes
+
+/// A one-document YAML manifest as JSON values, read with the config crate's
+/// YAML reader (the project has no YAML crate of its own).
+fn yaml(path: &str) -> Value {
+    config::Config::builder()
+        .add_source(config::File::from_str(
+            &read(path),
+            config::FileFormat::Yaml,
+        ))
+        .build()
+        .and_then(|c| c.try_deserialize::<Value>())
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str, what: &str) -> &'a str {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{what}: no string at {pointer}"))
+}
+
+fn u64_at(v: &Value, pointer: &str, what: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{what}: no whole number at {pointer}"))
+}
+
+/// The Deployment's only container, the router.
+fn router_container(deployment: &Value) -> &Value {
+    let containers = deployment
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .expect("spec.template.spec.containers");
+    assert_eq!(containers.len(), 1, "{K8S_DEPLOYMENT}: one container");
+    &containers[0]
+}
+
+/// The container's environment as the pod gets it: literal values, and
+/// secretKeyRef values taken from the example Secret (which must hold them).
+fn k8s_env(container: &Value) -> Vec<(String, String)> {
+    let secret = yaml(K8S_SECRET_EXAMPLE);
+    container["env"]
+        .as_array()
+        .expect("the container has env")
+        .iter()
+        .map(|e| {
+            let name = str_at(e, "/name", K8S_DEPLOYMENT).to_owned();
+            let value = match (e.get("value"), e.pointer("/valueFrom/secretKeyRef")) {
+                (Some(v), None) => v
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}: the value must be a string"))
+                    .to_owned(),
+                (None, Some(r)) => {
+                    let (sname, key) = (str_at(r, "/name", &name), str_at(r, "/key", &name));
+                    assert_eq!(
+                        str_at(&secret, "/metadata/name", K8S_SECRET_EXAMPLE),
+                        sname,
+                        "{name} reads the Secret {sname}, which {K8S_SECRET_EXAMPLE} does not make"
+                    );
+                    str_at(&secret, &format!("/stringData/{key}"), K8S_SECRET_EXAMPLE).to_owned()
+                }
+                _ => panic!("{name}: expected a value or a secretKeyRef"),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// The pod template's labels, which selectors must match.
+fn pod_labels(deployment: &Value) -> serde_json::Map<String, Value> {
+    deployment
+        .pointer("/spec/template/metadata/labels")
+        .and_then(Value::as_object)
+        .expect("spec.template.metadata.labels")
+        .clone()
+}
+
+fn assert_selects_pods(what: &str, selector: &Value, labels: &serde_json::Map<String, Value>) {
+    let wanted = selector
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: no matchLabels"));
+    assert!(!wanted.is_empty(), "{what}: an empty selector");
+    for (k, v) in wanted {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "{what} selects {k}={v}, which the router pods do not have: {labels:?}"
+        );
+    }
+}
+
+/// The CMD of the Dockerfile, as a list of strings.
+fn dockerfile_cmd() -> Vec<String> {
+    let dockerfile = read(DOCKERFILE);
+    let cmd = dockerfile
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("CMD "))
+        .next_back()
+        .expect("CMD");
+    serde_json::from_str(cmd).expect("CMD in JSON form")
+}
+
+#[test]
+fn the_kubernetes_ladder_is_the_shipped_buckets_toml() {
+    assert_eq!(
+        read(K8S_BUCKETS),
+        read("buckets.toml"),
+        "{K8S_BUCKETS} differs from buckets.toml: kustomize reads no file outside its folder, \
+         so it keeps a copy; copy buckets.toml over it"
+    );
+    // The ConfigMap made from it is the one the pod mounts where the
+    // router's --config points.
+    let kustomization = yaml(K8S_KUSTOMIZATION);
+    let generated = kustomization["configMapGenerator"]
+        .as_array()
+        .expect("configMapGenerator");
+    assert_eq!(generated.len(), 1, "{K8S_KUSTOMIZATION}: one ConfigMap");
+    let files: Vec<&str> = generated[0]["files"]
+        .as_array()
+        .expect("configMapGenerator files")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(files, ["buckets.toml"]);
+    let configmap = str_at(&generated[0], "/name", K8S_KUSTOMIZATION);
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let volumes = deployment
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)
+        .expect("volumes");
+    let volume = volumes
+        .iter()
+        .find(|v| v.pointer("/configMap/name").and_then(Value::as_str) == Some(configmap))
+        .unwrap_or_else(|| panic!("{K8S_DEPLOYMENT}: no volume of the ConfigMap {configmap}"));
+    let container = router_container(&deployment);
+    let mount = container["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the ConfigMap's volume is mounted");
+    assert_eq!(mount["readOnly"], true);
+    let args: Vec<String> =
+        serde_json::from_value(container["args"].clone()).expect("args: strings");
+    let cmd = dockerfile_cmd();
+    assert_eq!(args, cmd, "the container's args are the image's CMD");
+    let config_path = args
+        .iter()
+        .skip_while(|a| *a != "--config")
+        .nth(1)
+        .expect("args: --config PATH");
+    assert_eq!(
+        Path::new(config_path),
+        Path::new(str_at(mount, "/mountPath", K8S_DEPLOYMENT)).join("buckets.toml"),
+        "--config names the mounted buckets.toml"
+    );
+    // The example Secret holds a placeholder password: it is not applied
+    // with the base.
+    assert!(
+        kustomization["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .all(|r| r
+                .as_str()
+                .is_some_and(|r| r.ends_with(".yaml") && !r.contains("secret"))),
+        "{K8S_KUSTOMIZATION}: the example Secret is not a resource (no password in the base)"
+    );
+}
+
+#[test]
+fn every_kubernetes_environment_variable_is_a_config_key_the_loader_reads() {
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let env = k8s_env(router_container(&deployment));
+    let prefix = format!("{ENV_PREFIX}__");
+    for (name, _) in &env {
+        assert!(
+            name.starts_with(&prefix),
+            "{K8S_DEPLOYMENT}: {name} is not a configuration variable ({prefix}SECTION__KEY)"
+        );
+    }
+    let buckets = Path::new(env!("CARGO_MANIFEST_DIR")).join(K8S_BUCKETS);
+    // The loader refuses a key it does not know, so that each variable
+    // loads proves it names a key; a misspelt one fails.
+    assert!(
+        Config::load_with_env(
+            &buckets,
+            [("DELAY_ROUTER__METRICS__LISTN".into(), "0.0.0.0:9464".into())]
+        )
+        .is_err(),
+        "the loader accepts an unknown key: this test would prove nothing"
+    );
+    for (name, value) in &env {
+        Config::load_with_env(&buckets, [(name.clone(), value.clone())])
+            .unwrap_or_else(|e| panic!("{K8S_DEPLOYMENT}: {name}={value}: {e}"));
+    }
+    let file = Config::load_with_env(&buckets, []).expect("the ConfigMap's buckets.toml");
+    let config = Config::load_with_env(&buckets, env.clone())
+        .unwrap_or_else(|e| panic!("{K8S_BUCKETS} with the pod's environment: {e}"));
+    // Each one has its effect over the file's value.
+    let secret = yaml(K8S_SECRET_EXAMPLE);
+    assert_eq!(
+        config.url.expose(),
+        str_at(&secret, "/stringData/url", K8S_SECRET_EXAMPLE)
+    );
+    assert_ne!(config.url.expose(), file.url.expose());
+    assert_eq!(file.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(
+        config.metrics_listen,
+        Some("0.0.0.0:9464".parse().unwrap()),
+        "in a pod /metrics must listen on every interface"
+    );
+    assert_eq!(file.log_format, LogFormat::Text);
+    assert_eq!(config.log_format, LogFormat::Json);
+    assert!(
+        env.iter().any(|(k, _)| k == "DELAY_ROUTER__AMQP__URL"),
+        "the AMQP URL comes from the Secret"
+    );
+    // What the image sets, the manifest repeats with the same values.
+    for (k, v) in dockerfile_env(&read(DOCKERFILE)) {
+        assert!(
+            env.contains(&(k.clone(), v.clone())),
+            "{DOCKERFILE} sets {k}={v}; {K8S_DEPLOYMENT} does not say the same"
+        );
+    }
+}
+
+#[test]
+fn kubernetes_probes_service_and_podmonitor_use_the_routers_port_and_paths() {
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let container = router_container(&deployment);
+    let buckets = Path::new(env!("CARGO_MANIFEST_DIR")).join(K8S_BUCKETS);
+    let config = Config::load_with_env(&buckets, k8s_env(container)).expect("config");
+    let listen = config.metrics_listen.expect("the pod serves /metrics");
+    let ports = container["ports"].as_array().expect("ports");
+    assert_eq!(ports.len(), 1, "{K8S_DEPLOYMENT}: one port");
+    let port_name = str_at(&ports[0], "/name", K8S_DEPLOYMENT);
+    assert_eq!(
+        u64_at(&ports[0], "/containerPort", K8S_DEPLOYMENT),
+        u64::from(listen.port()),
+        "containerPort is the port [metrics] listen gives the router"
+    );
+    assert!(
+        read(DOCKERFILE)
+            .lines()
+            .any(|l| l.trim() == format!("EXPOSE {}", listen.port())),
+        "{DOCKERFILE} exposes another port"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = container
+            .pointer(&format!("/{probe}/httpGet"))
+            .unwrap_or_else(|| panic!("{K8S_DEPLOYMENT}: no {probe}.httpGet"));
+        assert_eq!(str_at(get, "/path", probe), path, "{probe}");
+        assert_eq!(str_at(get, "/port", probe), port_name, "{probe} port");
+    }
+    let pods = pod_labels(&deployment);
+    let service = yaml(K8S_SERVICE);
+    assert_selects_pods(K8S_SERVICE, &service["spec"]["selector"], &pods);
+    let sports = service["spec"]["ports"].as_array().expect("Service ports");
+    assert_eq!(sports.len(), 1);
+    assert_eq!(str_at(&sports[0], "/targetPort", K8S_SERVICE), port_name);
+    assert_eq!(
+        u64_at(&sports[0], "/port", K8S_SERVICE),
+        u64::from(listen.port())
+    );
+    let monitor = yaml(K8S_PODMONITOR);
+    assert_selects_pods(
+        K8S_PODMONITOR,
+        &monitor["spec"]["selector"]["matchLabels"],
+        &pods,
+    );
+    let endpoints = monitor["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .expect("podMetricsEndpoints");
+    assert_eq!(endpoints.len(), 1);
+    assert_eq!(str_at(&endpoints[0], "/port", K8S_PODMONITOR), port_name);
+    assert_eq!(str_at(&endpoints[0], "/path", K8S_PODMONITOR), "/metrics");
+    // The job label the alerts select is the one the PodMonitor gives.
+    let job_label = str_at(&monitor, "/spec/jobLabel", K8S_PODMONITOR);
+    let job = pods
+        .get(job_label)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("jobLabel {job_label} is not a pod label"));
+    assert!(
+        read(ALERTS).contains(&format!("job=\"{job}\"")),
+        "{ALERTS} does not select job=\"{job}\", the job the PodMonitor gives"
+    );
+}
+
+/// `GET` with a real HTTP client: the status.
+fn http_status(url: &str) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    agent
+        .get(url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .status()
+        .as_u16()
+}
+
+/// The paths the probes and the scrape use are the router's own: its
+/// endpoint, started as the router starts it, answers them (and an unknown
+/// path with 404, so a misspelt probe would show).
+#[tokio::test]
+async fn the_router_serves_the_paths_the_manifests_probe() {
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let container = router_container(&deployment);
+    let monitor = yaml(K8S_PODMONITOR);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (bound, serve) = delay_router::router::endpoint::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Stats::new()),
+        Arc::new(Health::default()),
+        stop.clone(),
+    )
+    .await
+    .expect("bind");
+    let server = tokio::spawn(serve);
+    let base = format!("http://{bound}");
+    let expect = [
+        (
+            str_at(container, "/livenessProbe/httpGet/path", "liveness").to_owned(),
+            200,
+        ),
+        // Not connected to a broker: not ready, and saying so.
+        (
+            str_at(container, "/readinessProbe/httpGet/path", "readiness").to_owned(),
+            503,
+        ),
+        (
+            str_at(&monitor, "/spec/podMetricsEndpoints/0/path", "PodMonitor").to_owned(),
+            200,
+        ),
+        ("/no-such-path".to_owned(), 404),
+    ];
+    let got = tokio::task::spawn_blocking(move || {
+        expect
+            .into_iter()
+            .map(|(path, want)| (http_status(&format!("{base}{path}")), want, path))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    for (status, want, path) in got {
+        assert_eq!(status, want, "GET {path}");
+    }
+}
+
+#[test]
+fn the_kubernetes_grace_period_outlasts_the_routers_drain() {
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let grace = Duration::from_secs(u64_at(
+        &deployment,
+        "/spec/template/spec/terminationGracePeriodSeconds",
+        K8S_DEPLOYMENT,
+    ));
+    // After SIGTERM the router settles what it has in flight (up to
+    // SHUTDOWN_GRACE), then sends its last acks (up to RPC_TIMEOUT): what is
+    // still unacked when it is killed is delivered again. The closes after
+    // that need some seconds more.
+    let drain = SHUTDOWN_GRACE + RPC_TIMEOUT;
+    assert!(
+        grace > drain,
+        "terminationGracePeriodSeconds {grace:?} must exceed the drain: shutdown grace \
+         {SHUTDOWN_GRACE:?} + final acks {RPC_TIMEOUT:?}"
+    );
+}
+
+#[test]
+fn the_kubernetes_pods_are_hardened_spread_and_run_the_images_user() {
+    let deployment = yaml(K8S_DEPLOYMENT);
+    let container = router_container(&deployment);
+    let image_user = read(DOCKERFILE)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("USER "))
+        .next_back()
+        .expect("USER")
+        .split(':')
+        .next()
+        .unwrap()
+        .parse::<u64>()
+        .expect("a numeric USER");
+    for (scope, ctx) in [
+        (
+            "pod",
+            &deployment["spec"]["template"]["spec"]["securityContext"],
+        ),
+        ("container", &container["securityContext"]),
+    ] {
+        assert_eq!(ctx["runAsNonRoot"], true, "{scope}: runAsNonRoot");
+        assert_eq!(
+            ctx["runAsUser"].as_u64(),
+            Some(image_user),
+            "{scope}: runAsUser is the image's USER"
+        );
+        assert_eq!(
+            ctx.pointer("/seccompProfile/type"),
+            Some(&Value::from("RuntimeDefault")),
+            "{scope}: seccompProfile"
+        );
+    }
+    let ctx = &container["securityContext"];
+    assert_eq!(ctx["readOnlyRootFilesystem"], true);
+    assert_eq!(ctx["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        ctx.pointer("/capabilities/drop"),
+        Some(&serde_json::json!(["ALL"]))
+    );
+    assert!(
+        ctx.pointer("/capabilities/add").is_none(),
+        "no capability added"
+    );
+    for kind in ["requests", "limits"] {
+        for resource in ["cpu", "memory"] {
+            assert!(
+                container
+                    .pointer(&format!("/resources/{kind}/{resource}"))
+                    .is_some(),
+                "{K8S_DEPLOYMENT}: no resources.{kind}.{resource}"
+            );
+        }
+    }
+
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pods = pod_labels(&deployment);
+    assert_selects_pods(
+        K8S_DEPLOYMENT,
+        &deployment["spec"]["selector"]["matchLabels"],
+        &pods,
+    );
+    let spread = deployment
+        .pointer("/spec/template/spec/topologySpreadConstraints")
+        .and_then(Value::as_array)
+        .expect("topologySpreadConstraints");
+    let by_node = spread
+        .iter()
+        .find(|c| c["topologyKey"] == "kubernetes.io/hostname")
+        .expect("a spread over kubernetes.io/hostname");
+    assert_eq!(by_node["maxSkew"], 1);
+    assert_selects_pods(
+        "topologySpreadConstraints",
+        &by_node["labelSelector"]["matchLabels"],
+        &pods,
+    );
+    let pdb = yaml(K8S_PDB);
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_selects_pods(K8S_PDB, &pdb["spec"]["selector"]["matchLabels"], &pods);
 }
