@@ -16,7 +16,7 @@
 //!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`];
 //!   beside them [`core::compat`]: what the connected broker's version gives
 //!   a strategy and queue type; [`core::inflight`]: how many publishes a
-//!   pipeline keeps unconfirmed, from measured confirm latency.
+//!   pipeline keeps unconfirmed, from the observed confirm latency.
 //!
 //! Where it is **carried out** — [`router`], the service: supervisor,
 //! session, pipelines, forwarding on the main and careful lanes, settling

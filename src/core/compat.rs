@@ -3,7 +3,7 @@
 //! queues. The version is the one the broker states in AMQP's
 //! `server-properties` (read by `broker::server`); this module only judges it.
 //!
-//! Measured (README, Precision): a classic priority queue, on 3.10 and on 4.3
+//! What RabbitMQ does (tests/strategies.rs shows it): a classic priority queue, on 3.10 and on 4.3
 //! alike, expires only at the head of its highest non-empty priority level
 //! and arms its expiry timer for the first message, so five messages of
 //! 2–12 s left all at 12 s. A 4.3 quorum queue keeps a FIFO per priority
@@ -48,9 +48,9 @@ pub fn judge(
         QueueType::Classic => Verdict::Warn(format!(
             "strategy \"priority\" with classic buckets on RabbitMQ {shown}: a classic priority queue \
              expires only at the head of its highest non-empty priority level, so a message can wait \
-             past its own TTL behind longer ones (measured on 3.10 and 4.3: up to the bucket's TTL). \
+             past its own TTL behind longer ones (up to the bucket's TTL, on 3.10 and 4.3 alike). \
              Use \"cascade\" for exact delays, or quorum buckets on RabbitMQ 4.3 or later \
-             (see README, Precision)"
+             (docs/concepts.md)"
         )),
         QueueType::Quorum if version.is_some_and(|v| v >= QUORUM_PRIORITY_SINCE) => Verdict::Fine,
         QueueType::Quorum => Verdict::Refuse(format!(

@@ -129,8 +129,8 @@ pub struct Rules {
     /// Queues a rung has; `None`: the queue type's default.
     bucket_shards: Option<u8>,
     /// Each rung's bucket queue names, shard 0 first, made by [`Rules::new`]
-    /// and again when the queue type or the shards change (a `format!` per
-    /// placement cost about 950 instructions); `ladder`, `strategy` and
+    /// and again when the queue type or the shards change (not a `format!`
+    /// per placement); `ladder`, `strategy` and
     /// `names` are read, never changed after it.
     bucket_queues: Vec<Vec<ShortString>>,
 }

@@ -41,10 +41,9 @@ pub fn ensure_message_id<'a>(
 ///
 /// A fingerprint, not a secret: whoever may publish to the router can set
 /// any `message-id` anyway, so a cryptographic hash protects nothing here.
-/// Ids were SHA-256, then BLAKE3, whose compression of the ~600 bytes of a
-/// typical message was a tenth of the router's instructions per message
-/// (README, CPU per message). A message redelivered at ingress across such
-/// an upgrade gets a new id.
+/// A fast non-cryptographic hash: the id names a message, it does not
+/// authenticate it. Changing the hash gives a message redelivered at
+/// ingress across the upgrade a new id.
 pub fn derive(p: &BasicProperties, exchange: &str, routing_key: &str, body: &[u8]) -> String {
     let digest = content_hash(p, exchange, routing_key, body, ONE_SHOT_UP_TO).to_be_bytes();
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -164,7 +163,7 @@ mod tests {
     #[test]
     fn the_derived_id_of_a_message_does_not_change_between_builds() {
         // A copy a crash produces may be taken by the next version of the
-        // router: a change here gives it a second id (say so in README).
+        // router: a change here gives it a second id (say so in CHANGELOG.md).
         assert_eq!(derive(&props(5), "orders", "created", b"body"), GOLDEN);
     }
 

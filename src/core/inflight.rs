@@ -1,4 +1,4 @@
-//! How many publishes a pipeline keeps unconfirmed: sized from measured
+//! How many publishes a pipeline keeps unconfirmed: sized from the observed
 //! confirm latency, like TCP Vegas sizes a congestion window. Pure.
 //!
 //! Every message published and not yet confirmed when the router dies (or
@@ -18,9 +18,8 @@
 //! limit grows by a quarter. Above [`SHRINK_ABOVE`] it is: the limit shrinks
 //! by a tenth. Between them it holds, so under a saturated broker two to
 //! four times what it needs unloaded is in flight: enough for it to batch
-//! its fsyncs through a stall (1.5 and 2.5 held 30 to 60 in flight and cost
-//! a tenth of the placement rate; 2 and 4 hold 80 to 160 and cost nothing
-//! measurable, README, Performance).
+//! its fsyncs through a stall (narrower bounds cost placement rate; see
+//! docs/mechanisms.md).
 
 use std::time::Duration;
 

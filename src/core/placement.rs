@@ -12,7 +12,7 @@
 //! - `priority`: round-up buckets with `x-max-priority`; the message carries a
 //!   per-message `expiration` of the time left and a priority that rises as its
 //!   delay falls within the bucket's range. Only as good as the broker's expiry
-//!   of priority queues (see README).
+//!   of priority queues ([`crate::core::compat`]).
 
 use crate::core::ladder::{Ladder, MAX_TTL, Rung};
 use std::{fmt, str::FromStr, time::Duration};
@@ -32,12 +32,9 @@ pub const HOLD_WITH_ROOM: Duration = Duration::from_secs(2);
 /// broker dead-lettered them. In the expired lane a message is late only if
 /// that backlog outlasts the time it has left, which is at least this long;
 /// the due lane holds only what has less, and the router serves it first.
-/// One minute. Before the multiples of a rung it was five: every `5m` hop
-/// then came back through the router, and a bound below the backlog such a
-/// wave left made the expired lane late instead. With them what leaves a
-/// bucket of `5m` or its multiples has under five minutes left, so a
-/// five-minute bound put everything into the one due lane (README, A million waiting: at a fifth of the time
-/// scale, p99 11.7 s with the bound at a fifth of 5m, 3.7 s at a fifth of 1m).
+/// One minute: below the shipped second rung, so that what leaves a bucket
+/// of `5m` or its multiples (under five minutes left) does not all crowd
+/// into the one due lane.
 pub const DEFAULT_DUE_WITHIN: Duration = Duration::from_secs(60);
 /// How much later than its deadline the cascade lets one step end, to fill
 /// the time left with one rung instead of several finer ones.
@@ -156,11 +153,9 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
 /// router holds with room ([`HOLD_WITH_ROOM`]), so that what is left after a
 /// grid rung is held, not placed again.
 ///
-/// The binary halving it replaces (15s, 7.5s, 3.75s, 1.875s, 937ms, 468ms
-/// below the shipped `30s`) took a message with under a minute left about
-/// 2.5 hops; the grid takes one, and every hop is a publish, a confirm, a
-/// dead-lettering, a delivery and an ack at the broker (README, A million
-/// waiting).
+/// A message with under a minute left takes one grid rung where halving
+/// rungs would take several, and every hop is a publish, a confirm, a
+/// dead-lettering, a delivery and an ack at the broker.
 pub const GRID: Duration = HOLD_WITH_ROOM;
 /// The grid stops below this (or below the second rung, if lower): a minute
 /// in 2 s steps is 29 queues.
@@ -198,10 +193,9 @@ pub fn grid_top(ladder: &Ladder) -> Duration {
 ///   skips two of the user's rungs: on the shipped ladder anything from a
 ///   minute to half an hour takes one bucket of whole minutes and leaves
 ///   under a minute, which the grid takes in one more, where the multiples
-///   of `5m` and then of `1m` took two and the grid a third (2.0 bucket
-///   waits a message instead of 2.8 for delays of 10–30 minutes, and the
-///   broker's expiries spread over 20 buckets instead of 4: README, A
-///   million waiting);
+///   of `5m` and then of `1m` would take two and the grid a third (fewer
+///   bucket waits a message, and the broker's expiries spread over more
+///   buckets);
 /// - otherwise as many as fit below the next rung up (on the top rung,
 ///   [`MAX_LAPS`]), at most [`MAX_LAPS`].
 pub fn max_laps(ladder: &Ladder, rung: usize) -> u32 {
@@ -703,9 +697,8 @@ mod tests {
             assert!(eff.rungs().iter().any(|r| r.label == added), "{added}");
         }
         let now = precision_workload_hops(&eff);
-        // The effective ladder before the multiples reached two rungs up
-        // (df031f7): the bench's rungs, the halves below them and the
-        // multiples of the top one; 1.11 hops a message measured then.
+        // A ladder of halves and the top rung's multiples only: the
+        // rungs cascade adds must take fewer hops than that.
         let before = Ladder::from_labels(&[
             "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "64s", "96s", "128s", "160s",
         ])

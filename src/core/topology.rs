@@ -230,10 +230,9 @@ impl Topology {
 }
 
 /// Queues a rung has unless a test sets another number. One queue
-/// is one broker process, and a classic queue's process is what paced a
-/// drain into one bucket: two of them took 1.2-1.4 times the rate of one on
-/// this project's 2-core machine (README, Performance: "Two queues a
-/// rung"). A quorum queue is a Raft group on every node, each far dearer
+/// is one broker process, and a classic queue's process is what paces a
+/// drain into one bucket: two of them place faster than one
+/// (docs/mechanisms.md). A quorum queue is a Raft group on every node, each far dearer
 /// to keep than a classic queue, and one already placed as fast as the
 /// shovel: one.
 pub fn default_bucket_shards(queue_type: QueueType) -> u8 {
@@ -418,10 +417,8 @@ pub fn cancels_arguments(keep: Duration) -> FieldTable {
 
 /// The argument naming a classic queue's storage version (RabbitMQ 3.10 and
 /// later; version 2 is the only one from 4.0). Declared only when
-/// `[topology] classic_queue_version` is set: measured on 3.10.8 (README, A
-/// million waiting), version 2 buckets brought 200,000 waiting messages back
-/// with p99 lateness 26-44 ms against 2.4-2.9 s in version 1, but a million
-/// with p99 22 s against 2.6 s.
+/// `[topology] classic_queue_version` is set: which storage serves a
+/// user's backlog better depends on its size (docs/performance.md).
 pub const QUEUE_VERSION_ARGUMENT: &str = "x-queue-version";
 
 /// Arguments every router queue of this type carries.

@@ -17,9 +17,8 @@ const HEADER_FRAME_OVERHEAD: usize = 7 + 12 + 1;
 /// lapin's `ShortString` already refuses to hold.
 ///
 /// Written by hand, byte for byte what lapin's encoder writes (a property
-/// test holds them equal): its combinators spent about 1,700 instructions on
-/// a typical message's properties, and every message without an id has them
-/// encoded for [`derive`](crate::core::identity::derive).
+/// test holds them equal): its combinators cost several times as much, and
+/// every message without an id has its properties encoded for [`derive`](crate::core::identity::derive).
 pub fn encode_properties(p: &BasicProperties) -> Option<Vec<u8>> {
     // Sized up front: the length check is also the short-string check.
     let mut out = Vec::with_capacity(encoded_len(p)?);
@@ -239,7 +238,7 @@ pub enum Unacceptable {
 /// Whether RabbitMQ takes `p` from a publisher authenticated as `user`:
 /// `user-id` must name that user, `expiration` must read as a non-negative
 /// integer (Erlang's `string:to_integer` with nothing left over), and
-/// `delivery-mode` must be 1 or 2 (measured on 3.10: 0, 3 and 255 are refused).
+/// `delivery-mode` must be 1 or 2 (0, 3 and 255 are refused).
 pub fn acceptable(p: &BasicProperties, user: &str) -> Result<(), Unacceptable> {
     if let Some(id) = p.user_id()
         && id.as_str() != user
@@ -383,8 +382,8 @@ mod tests {
         assert!(fits(&with_pad(largest + 1), 0));
     }
 
-    /// Each value was published to RabbitMQ 3.10.8 (see the README's Security
-    /// section); the refused ones closed the channel with 406.
+    /// What RabbitMQ does with each value: the refused ones close the
+    /// channel with 406 (tests/bad_input.rs publishes them).
     #[test]
     fn expirations_follow_the_brokers_rule() {
         for ok in ["0", "+5", "-0", "00012", "4294967295", "4294967296"] {

@@ -13,8 +13,8 @@
 //! passes the survey. So when the survey finds everything, a check binds
 //! again and declares nothing else, and every [`FULL_EVERY`]th check declares
 //! the whole topology again (which refuses, loudly, a queue whose arguments
-//! differ). A check that declared everything every time cost an idle router
-//! about twice the round trips (README, Performance).
+//! differ). A check that declared everything every time would double an
+//! idle router's round trips.
 
 use super::stats::Stats;
 use crate::broker::probe::{self, Prober};

@@ -79,7 +79,7 @@ pub enum SessionError {
     OwnPublishNacked(String),
     #[error(
         "the broker refused the router's publish to its own queue {queue} through the default \
-         exchange ({reply}); the router's user needs write permission on amq.default (see README, Security)"
+         exchange ({reply}); the router's user needs write permission on amq.default (docs/security.md)"
     )]
     OwnPublishRefused { queue: String, reply: BrokerReply },
     #[error("no publish of a message to {queue} was settled after {attempts} attempts")]
@@ -174,6 +174,6 @@ fn warn_classic() {
     warn!(
         "queue_type is classic: RabbitMQ dead-letters a classic bucket at most once, and \
          what expires while the broker stops or restarts is dropped; \
-         queue_type = \"quorum\" dead-letters at least once (README, Guarantees)"
+         queue_type = \"quorum\" dead-letters at least once (docs/guarantees.md)"
     );
 }

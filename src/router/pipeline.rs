@@ -53,7 +53,7 @@ pub struct Pipeline {
 /// up to about 1,700 held at once; with holds capped at half of a 500
 /// window, most of them took one to three more buckets instead (the halving
 /// rungs), each a publish, a dead-lettering, a delivery and an ack for the
-/// broker (README, Performance: Room to hold). Held deliveries are
+/// broker. Held deliveries are
 /// unpublished, so they add no duplicates after a crash: they come back
 /// from the queue and are timed again.
 pub const HOLD_ROOM: u16 = 2_000;
@@ -274,7 +274,7 @@ impl Pipeline {
         let stats = self.stats.clone();
         stats.in_flight(1);
         // Boxed: the future is large, and tokio moves it several times
-        // on its way into the task (README, CPU per message).
+        // on its way into the task.
         tracker.spawn(Box::pin(
             async move {
                 match forwarder.forward(pending).await {

@@ -3,7 +3,7 @@
 //! readable by embedders through [`Stats::snapshot`] (the precision
 //! benchmark reads hops).
 //!
-//! Every metric is named `delay_router_…`; README (Operating) lists them.
+//! Every metric is named `delay_router_…`; docs/operating.md lists them.
 
 use crate::core::decision::Action;
 use prometheus_client::encoding::EncodeLabelSet;

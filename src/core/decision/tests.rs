@@ -151,7 +151,7 @@ fn cascade_goes_down_the_ladder_and_holds_the_last_fraction() {
     assert_eq!(queue.as_str(), "t.bucket.500ms");
 }
 
-/// The README's example: 100 s on the shipped ladder.
+/// The docs' example (docs/concepts.md): 100 s on the shipped ladder.
 #[test]
 fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
     let shipped = crate::config::Config::from_toml(include_str!("../../../buckets.toml")).unwrap();
