@@ -8,6 +8,7 @@
 
 use delay_router::core::clock::Clock;
 use delay_router::core::decision::{Action, Context, Delivery, Rules, Source};
+use delay_router::core::delayed::{DelayedExchange, DelayedType};
 use delay_router::core::envelope::{leave_transit, read_transit};
 use delay_router::core::ladder::Ladder;
 use delay_router::core::wire;
@@ -70,6 +71,22 @@ proptest! {
                 let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties: Cow::Borrowed(properties), body: &body };
                 rules.decide(d, &cx(NOW + if source == Source::Expired { later } else { 0 }))
             };
+            // The same message on a plugin exchange: waits or goes to the
+            // delivery exchange, or is parked with a reason; never panics.
+            let plugin = DelayedExchange { name: "orders.delayed".into(), kind: DelayedType::Topic, deliver_to: "orders.delayed.delivered".into() };
+            let served = rules.clone().with_delayed_exchanges(vec![plugin]);
+            let d = Delivery { source: Source::Ingress, exchange: "orders.delayed", routing_key: &rk, properties: Cow::Borrowed(&p), body: &body };
+            let on_plugin = served.decide(d, &cx(NOW));
+            publishable(&on_plugin.action, frame_max)?;
+            match &on_plugin.action {
+                Action::Deliver { destination, .. } => prop_assert_eq!(destination.exchange.as_str(), "orders.delayed.delivered"),
+                Action::Wait { properties, .. } => {
+                    let transit = read_transit(properties).unwrap();
+                    prop_assert_eq!(transit.destination.exchange.as_str(), "orders.delayed.delivered");
+                }
+                Action::Park { .. } => {}
+                Action::Cancel { .. } => prop_assert!(false, "a plugin exchange's message is no cancel request"),
+            }
             let plan = delivery(Source::Ingress, &p);
             publishable(&plan.action, frame_max)?;
             // Whatever a bucket might hand back: the raw input too.

@@ -5,6 +5,7 @@
 use super::{BrokerError, PRECONDITION_FAILED, RPC_TIMEOUT, channel, close_channel, timed};
 use crate::config::{AmqpUrl, CaFile};
 use crate::core::compat;
+use crate::core::delayed::DelayedType;
 use crate::core::placement::PlacementStrategy;
 use crate::core::topology::{
     Names, QUEUE_VERSION_ARGUMENT, QueueType, Topology, TypeClue, due_binding, ingress_arguments,
@@ -54,6 +55,10 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
         )
         .await?;
         exchange(&ch, &names.presence, ExchangeKind::Fanout, none()).await?;
+        for x in &t.delayed {
+            exchange(&ch, &x.name, ExchangeKind::Fanout, none()).await?;
+            exchange(&ch, &x.deliver_to, delivery_kind(x.kind), none()).await?;
+        }
         let mut unversioned = Vec::new();
         for (q, args) in &t.own {
             if declare_or_keep(conn, &mut ch, q, args, &UPGRADED_ARGUMENTS)
@@ -65,7 +70,7 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
         }
         let (cancels, args) = &t.cancels;
         queue(&ch, cancels, args.clone()).await?;
-        bindings(&ch, names).await?;
+        bindings(&ch, t).await?;
         for (q, args) in &t.buckets {
             if declare_or_keep(conn, &mut ch, q, args, &[]).await?.0 {
                 unversioned.push(q.clone());
@@ -84,7 +89,7 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
 /// binding is idempotent).
 pub async fn rebind(conn: &Connection, t: &Topology) -> Result<(), BrokerError> {
     let ch = channel(conn).await?;
-    let bound = bindings(&ch, &t.names).await;
+    let bound = bindings(&ch, t).await;
     close_channel(&ch, "rebound").await;
     bound
 }
@@ -93,8 +98,13 @@ pub async fn rebind(conn: &Connection, t: &Topology) -> Result<(), BrokerError> 
 /// of the binding that versions before the lanes made: sent at once, one
 /// round trip for all (a failure closes the channel and fails the ones
 /// sent behind it, so the first failure in order is the cause).
-async fn bindings(ch: &Channel, names: &Names) -> Result<(), BrokerError> {
+async fn bindings(ch: &Channel, t: &Topology) -> Result<(), BrokerError> {
+    let names = &t.names;
     let none = FieldTable::default;
+    // The plugin's exchanges: everything published to one goes to ingress.
+    for x in &t.delayed {
+        bind(ch, &names.ingress, &x.name, none()).await?;
+    }
     let lanes_bind_what = format!(
         "exchange.bind {} to {}",
         names.lanes, names.expired_exchange
@@ -329,6 +339,16 @@ fn conflict(kind: &'static str, name: &str, e: BrokerError) -> BrokerError {
                 .to_owned(),
         },
         other => other,
+    }
+}
+
+/// The exchange type a plugin exchange's messages are routed by when due.
+fn delivery_kind(kind: DelayedType) -> ExchangeKind {
+    match kind {
+        DelayedType::Direct => ExchangeKind::Direct,
+        DelayedType::Topic => ExchangeKind::Topic,
+        DelayedType::Fanout => ExchangeKind::Fanout,
+        DelayedType::Headers => ExchangeKind::Headers,
     }
 }
 

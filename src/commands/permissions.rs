@@ -10,7 +10,9 @@ use crate::core::topology::Names;
 pub fn report(config: &Config, publisher: &str, controller: &str) -> String {
     let names = Names::new(&config.prefix);
     let vhost = config.url.vhost();
-    let router = Permissions::router(&names, config.allow_destinations.as_ref());
+    let delayed = &config.delayed_exchanges;
+    let router =
+        Permissions::router(&names, config.allow_destinations.as_ref()).with_delayed(delayed, true);
     let mut out = String::from(
         "# The router's user: configure and read its own names; write the queues it binds,\n\
          # the default exchange (buckets, park, state) and the destinations it serves.\n",
@@ -22,8 +24,17 @@ pub fn report(config: &Config, publisher: &str, controller: &str) -> String {
         );
     }
     out.push_str(&router.command(vhost, config.url.username()));
-    out.push_str("\n# Each publisher: write on the router exchange, nothing else.\n");
-    out.push_str(&Permissions::publisher(&names).command(vhost, publisher));
+    out.push_str("\n# Each publisher: write on the router exchange");
+    out.push_str(if delayed.is_empty() {
+        ", nothing else.\n"
+    } else {
+        " and on the plugin exchanges ([[delayed_exchange]]).\n"
+    });
+    out.push_str(
+        &Permissions::publisher(&names)
+            .with_delayed(delayed, false)
+            .command(vhost, publisher),
+    );
     out.push_str(
         "\n# Whoever may cancel (delay-router cancel, x-cancel-message-id): write on the\n\
          # control exchange, nothing else. A publisher without it cannot cancel.\n",

@@ -1,11 +1,13 @@
 //! Configuration: `buckets.toml` plus `DELAY_ROUTER__SECTION__KEY` environment
 //! overrides, loaded once and validated into domain types.
 
+use crate::core::delayed::{DelayedExchange, DelayedType};
 use crate::core::ladder::{Ladder, LadderError, parse_rung};
 use crate::core::placement::PlacementStrategy;
 use crate::core::retry::Policy;
 use crate::core::security::AllowList;
 use crate::core::topology::{MAX_PREFIX_LEN, QueueType, QueueTypeSetting};
+use lapin::types::ShortString;
 use serde::Deserialize;
 use std::path::Path;
 
@@ -34,6 +36,8 @@ struct RawSettings {
     bucket: Vec<RawBucket>,
     #[serde(default)]
     policy: Vec<RawPolicy>,
+    #[serde(default)]
+    delayed_exchange: Vec<RawDelayedExchange>,
     #[serde(default)]
     security: RawSecurity,
     #[serde(default)]
@@ -114,6 +118,15 @@ struct RawPlacement {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawDelayedExchange {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    deliver_to: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawBucket {
     ttl: String,
 }
@@ -179,6 +192,9 @@ pub struct Config {
     pub ladder: Ladder,
     /// Retry policies, first match wins.
     pub policies: Vec<Policy>,
+    /// `[[delayed_exchange]]`: the delayed-message-exchange plugin's
+    /// exchanges the router serves in its place.
+    pub delayed_exchanges: Vec<DelayedExchange>,
     /// `[security] allow_destinations`: `None` allows every exchange the
     /// router's user may write.
     pub allow_destinations: Option<AllowList>,
@@ -340,6 +356,7 @@ impl Config {
             .enumerate()
             .map(|(i, p)| validate_policy(i, p))
             .collect::<Result<Vec<_>, _>>()?;
+        let delayed_exchanges = validate_delayed_exchanges(&raw.delayed_exchange, &prefix)?;
         let allow_destinations = match raw.security.allow_destinations {
             None => None,
             Some(patterns) => {
@@ -411,6 +428,7 @@ impl Config {
             bucket_shards: None,
             ladder,
             policies,
+            delayed_exchanges,
             allow_destinations,
         })
     }
@@ -464,6 +482,88 @@ fn validate_urls(
         ));
     }
     Ok(urls)
+}
+
+/// `[[delayed_exchange]]`: names AMQP takes, none of them the router's own
+/// or `amq.*`, each used once.
+fn validate_delayed_exchanges(
+    raw: &[RawDelayedExchange],
+    prefix: &str,
+) -> Result<Vec<DelayedExchange>, ConfigError> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut targets = std::collections::BTreeMap::<String, DelayedType>::new();
+    let own = crate::core::topology::Names::new(prefix);
+    let mut all = Vec::with_capacity(raw.len());
+    for (i, x) in raw.iter().enumerate() {
+        let invalid = |field: &str, value: &str, message: String| ConfigError::Invalid {
+            key: format!("delayed_exchange[{i}].{field}"),
+            value: value.into(),
+            message,
+        };
+        let mut name_of = |field: &str, v: &str| {
+            let v = v.trim();
+            if v.is_empty() || v.len() > 255 {
+                return Err(invalid(
+                    field,
+                    v,
+                    "expected an exchange name of 1 to 255 bytes".into(),
+                ));
+            }
+            if v.starts_with("amq.") {
+                return Err(invalid(
+                    field,
+                    v,
+                    "amq.* exchanges belong to the broker".into(),
+                ));
+            }
+            if own.own_exchanges().iter().any(|e| e.as_str() == v) {
+                return Err(invalid(field, v, "the router's own exchange".into()));
+            }
+            // A name is served once, and is no one's delivery exchange; a
+            // delivery exchange may serve several names, of one type.
+            let clash = match field {
+                "name" => !names.insert(v.to_owned()) || targets.contains_key(v),
+                _ => names.contains(v),
+            };
+            if clash {
+                return Err(invalid(
+                    field,
+                    v,
+                    "named twice among the delayed exchanges".into(),
+                ));
+            }
+            ShortString::try_new(v.to_owned())
+                .map_err(|_| invalid(field, v, "not a valid exchange name".into()))
+        };
+        let name = name_of("name", &x.name)?;
+        let kind = x
+            .kind
+            .parse::<DelayedType>()
+            .map_err(|m| invalid("type", &x.kind, m))?;
+        let deliver_to = match &x.deliver_to {
+            Some(d) => name_of("deliver_to", d)?,
+            None => name_of(
+                "deliver_to",
+                &DelayedExchange::default_deliver_to(name.as_str()),
+            )?,
+        };
+        match targets.insert(deliver_to.to_string(), kind) {
+            Some(other) if other != kind => {
+                return Err(invalid(
+                    "deliver_to",
+                    deliver_to.as_str(),
+                    format!("delivers for another delayed exchange of type {other}, not {kind}"),
+                ));
+            }
+            _ => {}
+        }
+        all.push(DelayedExchange {
+            name,
+            kind,
+            deliver_to,
+        });
+    }
+    Ok(all)
 }
 
 fn validate_policy(i: usize, p: &RawPolicy) -> Result<Policy, ConfigError> {

@@ -433,3 +433,57 @@ fn environment_variables_reach_every_scalar_key() {
     assert_eq!(c.cancel_keep, Duration::from_secs(2 * 86_400));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn delayed_exchanges_name_the_plugins_exchange_its_type_and_a_delivery_exchange() {
+    use crate::core::delayed::DelayedType;
+    let c = Config::from_toml(
+        "[[bucket]]\nttl = \"1s\"\n\
+         [[delayed_exchange]]\nname = \"orders.delayed\"\ntype = \"topic\"\n\
+         [[delayed_exchange]]\nname = \"mail.later\"\ntype = \"direct\"\ndeliver_to = \"mail\"\n",
+    )
+    .unwrap();
+    let x = &c.delayed_exchanges;
+    assert_eq!(x.len(), 2);
+    assert_eq!(
+        (x[0].name.as_str(), x[0].kind, x[0].deliver_to.as_str()),
+        (
+            "orders.delayed",
+            DelayedType::Topic,
+            "orders.delayed.delivered"
+        )
+    );
+    assert_eq!(x[1].deliver_to.as_str(), "mail");
+    let bad = |entry: &str| err(&format!("[[bucket]]\nttl = \"1s\"\n{entry}"));
+    let e = bad("[[delayed_exchange]]\nname = \"o\"\ntype = \"x-delayed-message\"");
+    assert!(
+        e.starts_with("delayed_exchange[0].type = \"x-delayed-message\""),
+        "{e}"
+    );
+    let e = bad("[[delayed_exchange]]\nname = \"amq.direct\"\ntype = \"direct\"");
+    assert!(e.contains("belong to the broker"), "{e}");
+    let e = bad("[[delayed_exchange]]\nname = \"delay.router\"\ntype = \"direct\"");
+    assert!(e.contains("the router's own exchange"), "{e}");
+    let e = bad("[[delayed_exchange]]\nname = \"\"\ntype = \"direct\"");
+    assert!(e.contains("1 to 255 bytes"), "{e}");
+    let e = bad("[[delayed_exchange]]\nname = \"a\"\ntype = \"direct\"\ndeliver_to = \"a\"");
+    assert!(e.contains("named twice"), "{e}");
+    // Two names may share a delivery exchange of one type (a cut-over).
+    let shared = "[[delayed_exchange]]\nname = \"a\"\ntype = \"topic\"\ndeliver_to = \"d\"\n\
+                  [[delayed_exchange]]\nname = \"b\"\ntype = \"topic\"\ndeliver_to = \"d\"";
+    assert!(Config::from_toml(&format!("[[bucket]]\nttl = \"1s\"\n{shared}")).is_ok());
+    let e = bad(&shared.replace(
+        "\"topic\"\ndeliver_to = \"d\"\n[",
+        "\"direct\"\ndeliver_to = \"d\"\n[",
+    ));
+    assert!(
+        e.contains("of type direct, not topic") || e.contains("of type topic, not direct"),
+        "{e}"
+    );
+    let e = bad(
+        "[[delayed_exchange]]\nname = \"a\"\ntype = \"direct\"\n[[delayed_exchange]]\nname = \"a.delivered\"\ntype = \"direct\"",
+    );
+    assert!(e.contains("named twice"), "{e}");
+    let e = bad("[[delayed_exchange]]\nname = \"a\"\ntype = \"direct\"\nttl = \"1s\"");
+    assert!(e.contains("unknown field `ttl`"), "{e}");
+}

@@ -20,6 +20,7 @@ pub use plan::{Action, Plan};
 use crate::core::cancel;
 use crate::core::clock::Clock;
 use crate::core::contract;
+use crate::core::delayed::DelayedExchange;
 use crate::core::envelope::{self, Overrides, Transit, TransitFormat};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
@@ -126,6 +127,9 @@ pub struct Rules {
     pub due_within: Duration,
     /// How transit is written into bucket messages (built in: compact).
     pub transit_format: TransitFormat,
+    /// The delayed-message-exchange plugin's exchanges the router serves
+    /// (`[[delayed_exchange]]`).
+    pub delayed: Vec<DelayedExchange>,
     /// Queues a rung has; `None`: the queue type's default.
     bucket_shards: Option<u8>,
     /// Each rung's bucket queue names, shard 0 first, made by [`Rules::new`]
@@ -157,6 +161,7 @@ impl Rules {
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
             due_within: placement::DEFAULT_DUE_WITHIN,
             transit_format: TransitFormat::default(),
+            delayed: Vec::new(),
             bucket_shards: None,
             bucket_queues: Vec::new(),
         };
@@ -232,6 +237,12 @@ impl Rules {
         self
     }
 
+    /// The same rules serving the plugin's exchanges `delayed`.
+    pub fn with_delayed_exchanges(mut self, delayed: Vec<DelayedExchange>) -> Self {
+        self.delayed = delayed;
+        self
+    }
+
     /// The same rules with retry policies.
     pub fn with_policies(mut self, policies: Vec<Policy>) -> Self {
         self.policies = policies;
@@ -252,6 +263,7 @@ impl Rules {
             config.url.username(),
         )
         .with_policies(config.policies.clone())
+        .with_delayed_exchanges(config.delayed_exchanges.clone())
         .with_bucket_shards(config.bucket_shards)
         .with_queue_type(config.queue_type.fixed().unwrap_or(QueueType::Quorum))
         .with_classic_version(config.classic_queue_version)
@@ -272,6 +284,7 @@ impl Rules {
         )
         .with_cancel_keep(self.cancel_keep)
         .with_classic_version(self.classic_version)
+        .with_delayed_exchanges(self.delayed.clone())
     }
 
     /// The whole plan for one delivery (see the module documentation).
@@ -288,23 +301,22 @@ impl Rules {
         };
         let mut retry_policy = None;
         let action = match d.source {
-            Source::Ingress => match self.cancel_request(&props, d.exchange, cx.clock.up_ms()) {
-                Some(action) => action,
-                None => {
+            Source::Ingress => match self.delayed.iter().find(|x| x.name.as_str() == d.exchange) {
+                Some(plugin) => {
                     let sender = identity::ensure_message_id(
                         props,
                         d.exchange,
                         d.routing_key.as_str(),
                         d.body,
                     );
-                    let (action, policy) = self.admit_and_schedule(
+                    let action = self.admit_delayed(
+                        plugin,
                         d.routing_key,
                         &sender,
                         cx.clock,
                         cx.unit,
                         cx.hold_up_to,
                     );
-                    retry_policy = policy;
                     self.within_frame(
                         action,
                         || sender.into_owned(),
@@ -312,6 +324,31 @@ impl Rules {
                         cx.frame_max,
                     )
                 }
+                None => match self.cancel_request(&props, d.exchange, cx.clock.up_ms()) {
+                    Some(action) => action,
+                    None => {
+                        let sender = identity::ensure_message_id(
+                            props,
+                            d.exchange,
+                            d.routing_key.as_str(),
+                            d.body,
+                        );
+                        let (action, policy) = self.admit_and_schedule(
+                            d.routing_key,
+                            &sender,
+                            cx.clock,
+                            cx.unit,
+                            cx.hold_up_to,
+                        );
+                        retry_policy = policy;
+                        self.within_frame(
+                            action,
+                            || sender.into_owned(),
+                            cx.clock.down_ms(),
+                            cx.frame_max,
+                        )
+                    }
+                },
             },
             Source::Expired | Source::Due => {
                 let action = if cx.cancelled {

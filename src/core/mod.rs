@@ -9,6 +9,7 @@ pub mod clock;
 pub mod compat;
 pub mod contract;
 pub mod decision;
+pub mod delayed;
 pub mod envelope;
 pub mod glob;
 pub mod identity;

@@ -44,6 +44,9 @@ pub enum ParkReason {
     MissingDelay,
     #[error("invalid delay: {0}")]
     InvalidDelay(DelayError),
+    /// `x-delay` on the router exchange, read as `x-requested-delay` is.
+    #[error("invalid delay: x-delay (read on the router exchange as x-requested-delay): {0}")]
+    InvalidXDelay(DelayError),
     #[error("invalid delivery time: {0}")]
     InvalidDeliverAt(DeliverAtError),
     /// Its message-id was cancelled (`delay-router cancel`, or a message
@@ -164,7 +167,7 @@ impl ParkReason {
     pub fn class(&self) -> &'static str {
         match self {
             Self::MissingDelay => "missing_delay",
-            Self::InvalidDelay(_) => "invalid_delay",
+            Self::InvalidDelay(_) | Self::InvalidXDelay(_) => "invalid_delay",
             Self::InvalidDeliverAt(_) => "invalid_deliver_at",
             Self::Cancelled(_) => CANCELLED,
             Self::InvalidCancel(_) => "invalid_cancel",

@@ -7,8 +7,10 @@
 //! `[security] allow_destinations`; the broker permissions printed by
 //! `delay-router permissions` narrow what the router's user can do at all.
 
+use crate::core::delayed::DelayedExchange;
 use crate::core::glob::glob_match;
 use crate::core::topology::Names;
+use lapin::types::ShortString;
 use std::fmt;
 
 /// `[security] allow_destinations`: globs (`*` any run, `?` one character)
@@ -82,6 +84,18 @@ pub fn glob_to_regex(glob: &str) -> String {
 /// no allow-list names them.
 pub const UNLISTED_DESTINATIONS: &str = "YOUR-DESTINATION-EXCHANGES";
 
+/// `name` as a regex that matches exactly it.
+fn regex_literal(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The configure / write / read patterns of a broker user (`rabbitmqctl
 /// set_permissions`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +140,47 @@ impl Permissions {
         }
     }
 
+    /// The same permissions with the plugin's exchanges the router serves:
+    /// for the router's user, configure on each and its delivery exchange
+    /// (it declares them), read on each (it binds its ingress to them) and
+    /// write on each delivery exchange (it delivers there); for a
+    /// publisher (`router == false`), write on each plugin exchange.
+    pub fn with_delayed(mut self, delayed: &[DelayedExchange], router: bool) -> Self {
+        if delayed.is_empty() {
+            return self;
+        }
+        let literal = |n: &ShortString| regex_literal(n.as_str());
+        let widen = |pattern: &mut String, names: Vec<String>| {
+            let mut alternatives = names;
+            if !pattern.is_empty() {
+                alternatives.insert(0, format!("(?:{pattern})"));
+            }
+            *pattern = alternatives.join("|");
+        };
+        let exact = |names: Vec<String>| names.iter().map(|n| format!("^{n}$")).collect();
+        if router {
+            let both = delayed
+                .iter()
+                .flat_map(|x| [literal(&x.name), literal(&x.deliver_to)])
+                .collect();
+            widen(&mut self.configure, exact(both));
+            widen(
+                &mut self.read,
+                exact(delayed.iter().map(|x| literal(&x.name)).collect()),
+            );
+            widen(
+                &mut self.write,
+                exact(delayed.iter().map(|x| literal(&x.deliver_to)).collect()),
+            );
+        } else {
+            widen(
+                &mut self.write,
+                exact(delayed.iter().map(|x| literal(&x.name)).collect()),
+            );
+        }
+        self
+    }
+
     /// What a publisher needs: write on the router exchange, nothing else.
     pub fn publisher(names: &Names) -> Self {
         Self {
@@ -166,6 +221,39 @@ fn shell_quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::core::delayed::{DelayedExchange, DelayedType};
+
+    #[test]
+    fn the_plugins_exchanges_widen_exactly_what_each_user_needs() {
+        let names = Names::new("delay");
+        let delayed = [DelayedExchange {
+            name: "orders.delayed".into(),
+            kind: DelayedType::Topic,
+            deliver_to: "orders.delayed.delivered".into(),
+        }];
+        let router = Permissions::router(&names, None).with_delayed(&delayed, true);
+        let re = |p: &str| {
+            let r = regex::Regex::new(p).unwrap();
+            move |name: &str| r.is_match(name)
+        };
+        assert!(re(&router.configure)("orders.delayed"));
+        assert!(re(&router.configure)("orders.delayed.delivered"));
+        assert!(re(&router.configure)("delay.bucket.1s"));
+        assert!(!re(&router.configure)("orders.delayedX"));
+        assert!(re(&router.read)("orders.delayed"));
+        assert!(!re(&router.read)("orders.delayed.delivered"));
+        assert!(re(&router.write)("orders.delayed.delivered"));
+        assert!(!re(&router.write)("orders.delayed"));
+        let publisher = Permissions::publisher(&names).with_delayed(&delayed, false);
+        assert!(re(&publisher.write)("orders.delayed"));
+        assert!(re(&publisher.write)("delay.router"));
+        assert!(!re(&publisher.write)("orders.delayed.delivered"));
+        assert_eq!(publisher.configure, "");
+        assert_eq!(
+            Permissions::publisher(&names).with_delayed(&[], false),
+            Permissions::publisher(&names)
+        );
+    }
     use super::*;
 
     fn list(p: &[&str]) -> AllowList {

@@ -164,6 +164,10 @@ pub struct Topology {
     pub buckets: Vec<(ShortString, FieldTable)>,
     /// The cancels stream and its arguments.
     pub cancels: (ShortString, FieldTable),
+    /// The delayed-message-exchange plugin's exchanges the router serves:
+    /// each declared as a fanout bound to the ingress queue, and its
+    /// delivery exchange of the plugin exchange's type.
+    pub delayed: Vec<crate::core::delayed::DelayedExchange>,
 }
 
 impl Topology {
@@ -199,7 +203,28 @@ impl Topology {
                 names.cancels.clone(),
                 cancels_arguments(DEFAULT_CANCEL_KEEP),
             ),
+            delayed: Vec::new(),
         }
+    }
+
+    /// The same topology serving the plugin's exchanges `delayed`.
+    pub fn with_delayed_exchanges(
+        mut self,
+        delayed: Vec<crate::core::delayed::DelayedExchange>,
+    ) -> Self {
+        self.delayed = delayed;
+        self
+    }
+
+    /// Every exchange the router declares: its own, then each plugin
+    /// exchange and its delivery exchange.
+    pub fn exchanges(&self) -> Vec<&ShortString> {
+        let mut all: Vec<&ShortString> = self.names.own_exchanges().to_vec();
+        for x in &self.delayed {
+            all.push(&x.name);
+            all.push(&x.deliver_to);
+        }
+        all
     }
 
     /// The same topology keeping tombstones for `keep`.

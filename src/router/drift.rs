@@ -38,7 +38,7 @@ pub async fn survey(
     stats: Option<&Stats>,
 ) -> Result<Vec<String>, BrokerError> {
     let names = &t.names;
-    let exchanges = names.own_exchanges();
+    let exchanges = t.exchanges();
     let queues: Vec<&ShortString> = names
         .own_queues()
         .into_iter()
@@ -56,7 +56,7 @@ pub async fn survey(
     let mut prober = Prober::new(conn);
     let mut gone = Vec::new();
     let found = async {
-        for exchange in names.own_exchanges() {
+        for exchange in t.exchanges() {
             if !prober.exchange(exchange).await? {
                 gone.push(format!("exchange {exchange}"));
             }

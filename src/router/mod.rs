@@ -132,6 +132,12 @@ pub async fn run_with_stats(
     let stop = CancellationToken::new();
     let health = Arc::new(health::Health::default());
     stats.expect_policies(config.policies.iter().map(|p| p.queue.as_str()));
+    stats.expect_delayed_exchanges(
+        config
+            .delayed_exchanges
+            .iter()
+            .map(|x| (x.name.as_str(), x.deliver_to.as_str())),
+    );
     let server = match config.metrics_listen {
         Some(addr) => {
             let (_, serve) =

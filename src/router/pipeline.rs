@@ -222,6 +222,7 @@ impl Pipeline {
         let cancelled = match self.source {
             Source::Ingress => {
                 self.stats.record_received();
+                self.stats.record_received_from(delivery.exchange.as_str());
                 false
             }
             Source::Expired | Source::Due => {

@@ -34,8 +34,9 @@ pub const HOP_BUCKETS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0
 
 /// Sample names of the families with labels, which a scrape shows only
 /// once they have a child (a retry of a policy, the first poll of a bucket).
-const LABELLED: [&str; 5] = [
+const LABELLED: [&str; 6] = [
     "delay_router_retries_total",
+    "delay_router_delayed_exchange_messages_total",
     "delay_router_bucket_messages",
     "delay_router_queue_messages",
     "delay_router_connected_node",
@@ -50,6 +51,12 @@ struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
     policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DelayedLabel {
+    exchange: String,
+    event: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +94,9 @@ pub struct Stats {
     cancelled: Counter,
     cancel_requests: Counter,
     retries: Family<PolicyLabel, Counter>,
+    delayed: Family<DelayedLabel, Counter>,
+    /// Each plugin exchange's delivery exchange and its own name.
+    delayed_names: std::sync::OnceLock<Vec<(String, String)>>,
     sessions: Counter,
     reconnects: Counter,
     suspects: Counter,
@@ -154,6 +164,8 @@ impl Stats {
             cancelled: Counter::default(),
             cancel_requests: Counter::default(),
             retries: Family::default(),
+            delayed: Family::default(),
+            delayed_names: std::sync::OnceLock::new(),
             sessions: Counter::default(),
             reconnects: Counter::default(),
             suspects: Counter::default(),
@@ -225,6 +237,12 @@ impl Stats {
             "delay_router_retries",
             "Rejected messages scheduled for another attempt, by retry policy",
             self.retries.clone(),
+        );
+        r.register(
+            "delay_router_delayed_exchange_messages",
+            "Messages of each delayed-message-exchange plugin exchange the router serves: \
+             received (taken from publishers) and delivered (to its delivery exchange)",
+            self.delayed.clone(),
         );
         r.register(
             "delay_router_sessions",
@@ -342,6 +360,44 @@ impl Stats {
         }
     }
 
+    /// Starts the counters of each plugin exchange (`name`, delivery
+    /// exchange) at zero, and learns which deliveries are theirs. The first
+    /// call counts; a configuration does not change while the process runs.
+    pub fn expect_delayed_exchanges<'a>(
+        &self,
+        exchanges: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) {
+        let names: Vec<(String, String)> = exchanges
+            .into_iter()
+            .map(|(name, to)| (to.to_owned(), name.to_owned()))
+            .collect();
+        for (_, name) in &names {
+            for event in ["received", "delivered"] {
+                drop(self.delayed.get_or_create(&DelayedLabel {
+                    exchange: name.clone(),
+                    event,
+                }));
+            }
+        }
+        let _ = self.delayed_names.set(names);
+    }
+
+    /// Counts a message taken from ingress that was published to `exchange`
+    /// (one of the plugin's exchanges, or any other, not counted).
+    pub fn record_received_from(&self, exchange: &str) {
+        let Some(names) = self.delayed_names.get() else {
+            return;
+        };
+        if names.iter().any(|(_, name)| name == exchange) {
+            self.delayed
+                .get_or_create(&DelayedLabel {
+                    exchange: exchange.to_owned(),
+                    event: "received",
+                })
+                .inc();
+        }
+    }
+
     /// Every sample name a scrape can show (a counter's `_total`, a
     /// histogram's `_bucket`, `_sum` and `_count`), whether or not it has
     /// a sample yet: what dashboards and alert rules may query.
@@ -385,12 +441,25 @@ impl Stats {
                 after,
                 due_ms,
                 hops,
+                destination,
                 ..
             } => {
                 if !after.is_zero() {
                     self.held.inc();
                 }
                 self.delivered.inc();
+                if let Some(names) = self.delayed_names.get()
+                    && let Some((_, name)) = names
+                        .iter()
+                        .find(|(to, _)| destination.exchange.as_str() == to)
+                {
+                    self.delayed
+                        .get_or_create(&DelayedLabel {
+                            exchange: name.clone(),
+                            event: "delivered",
+                        })
+                        .inc();
+                }
                 let late_ms = now_ms.saturating_sub(*due_ms).max(0);
                 self.lateness.observe(late_ms as f64 / 1000.0);
                 self.hops.observe(f64::from(*hops));

@@ -67,6 +67,12 @@ pub fn free_port() -> u16 {
 
 /// `GET path` on `port`: the status, or `None` when nothing answers.
 pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let text = http_get(port, path).await?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `GET path` on `port`: the whole response, or `None` when nothing answers.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let get = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -76,8 +82,7 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
         s.write_all(req.as_bytes()).await.ok()?;
         let mut buf = Vec::new();
         s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        text.split_whitespace().nth(1)?.parse().ok()
+        Some(String::from_utf8_lossy(&buf).into_owned())
     };
     tokio::time::timeout(Duration::from_secs(5), get)
         .await

@@ -36,8 +36,14 @@ impl Rules {
                 name: key.to_owned(),
             });
         }
+        // A plugin exchange's delivery exchange is the configuration's
+        // choice, not the sender's.
+        let configured = self
+            .delayed
+            .iter()
+            .any(|x| x.deliver_to.as_str() == exchange);
         match &self.allow {
-            Some(allow) if !allow.allows(exchange) => Err(ParkReason::NotAllowed {
+            Some(allow) if !configured && !allow.allows(exchange) => Err(ParkReason::NotAllowed {
                 exchange: exchange_label(exchange).to_owned(),
                 allowed: allow.to_string(),
             }),

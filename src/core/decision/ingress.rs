@@ -7,6 +7,7 @@ use crate::core::clock::Clock;
 use crate::core::contract::{
     self, DELIVER_AT, DeliverAtError, Destination, MAX_DELAY, REQUESTED_DELAY,
 };
+use crate::core::delayed::{self, DelayedExchange};
 use crate::core::envelope::Transit;
 use crate::core::parking;
 use crate::core::placement;
@@ -109,6 +110,48 @@ impl Rules {
         }
     }
 
+    /// A message published to one of the plugin's exchanges: it waits as
+    /// the plugin would have it wait ([`delayed::plugin_delay`]), or goes at
+    /// once, to the delivery exchange with the routing key it was published
+    /// with. Its other headers mean nothing here: the plugin read none.
+    pub(super) fn admit_delayed(
+        &self,
+        plugin: &DelayedExchange,
+        routing_key: &ShortString,
+        p: &BasicProperties,
+        clock: Clock,
+        unit: f64,
+        hold_up_to: Duration,
+    ) -> Action {
+        let now_ms = clock.up_ms();
+        let destination = Destination {
+            exchange: plugin.deliver_to.clone(),
+            routing_key: routing_key.clone(),
+        };
+        if let Err(e) = wire::acceptable(p, &self.router_user) {
+            let reason = ParkReason::Unacceptable(e);
+            return Action::Park {
+                properties: parking::park(p, &reason, now_ms, Some(&destination)),
+                reason,
+            };
+        }
+        let (properties, wait) = match delayed::plugin_delay(p.headers().as_ref()) {
+            Some(ms) => (
+                Cow::Owned(delayed::rewritten(p, ms)),
+                Duration::from_millis(ms),
+            ),
+            None => (Cow::Borrowed(p), Duration::ZERO),
+        };
+        let ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+        let transit = Transit {
+            destination,
+            deadline_ms: now_ms.saturating_add(ms),
+            hops: 0,
+        };
+        let action = self.schedule(&properties, transit, wait, true, hold_up_to, unit);
+        self.publishable(action, now_ms)
+    }
+
     fn admit<'a>(
         &self,
         routing_key: &ShortString,
@@ -119,7 +162,15 @@ impl Rules {
         let now_ms = clock.up_ms();
         let empty = FieldTable::default();
         let headers = p.headers().as_ref().unwrap_or(&empty);
-        let explicit = headers.inner().get(REQUESTED_DELAY);
+        let requested = headers.inner().get(REQUESTED_DELAY);
+        // The plugin's header stands in for x-requested-delay when that is
+        // absent, and the message arrives with it rewritten as the plugin
+        // would.
+        let alias = match requested {
+            Some(_) => None,
+            None => delayed::alias(headers),
+        };
+        let explicit = requested.or(alias);
         let rejection = match retry::newest_rejection(headers) {
             Ok(r) => r,
             // A sender's odd x-death does not matter when it says what it wants.
@@ -129,7 +180,7 @@ impl Rules {
         // x-deliver-at counts for messages published to the router; a
         // rejected message's time is past, its policy or delay decides.
         let mut deliver_at = None;
-        let (destination, p, policy_delay) = match rejection {
+        let (destination, mut p, policy_delay) = match rejection {
             Some(rejection) => {
                 let (destination, p, delay) = self.retry(&rejection, headers, p, now_ms, unit)?;
                 (destination, Cow::Owned(p), delay)
@@ -165,6 +216,13 @@ impl Rules {
                 // A time in the past is due now.
                 let wait = u64::try_from(at.saturating_sub(clock.down_ms())).unwrap_or(0);
                 (at.max(now_ms), Duration::from_millis(wait))
+            }
+            (None, Some(v), _) if alias.is_some() => {
+                let delay =
+                    contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidXDelay(e)))?;
+                let ms = u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+                p = Cow::Owned(delayed::rewritten(&p, ms));
+                after(delay)
             }
             (None, Some(v), _) => {
                 after(contract::parse_delay(v).map_err(|e| park(ParkReason::InvalidDelay(e)))?)
