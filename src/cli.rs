@@ -1,26 +1,70 @@
-//! The command line (binary only): parses the arguments, runs the command
-//! from [`delay_router::commands`] or [`delay_router::router`], prints.
+//! The command line (the `cli` feature): parses the arguments, runs the
+//! command, prints. The `delay-router` binary is [`main`].
 
+use crate::commands::{cancel, declare, parked, permissions, status};
+use crate::config::{Config, LogFormat};
+use crate::core::decision::Rules;
+use crate::router::clock;
+use crate::{broker, router, shutdown};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use delay_router::commands::{cancel, declare, parked, permissions, status};
-use delay_router::config::{Config, LogFormat};
-use delay_router::core::decision::Rules;
-use delay_router::router::clock;
-use delay_router::{broker, router, shutdown};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tracing_subscriber::EnvFilter;
+
+/// Log filter when `RUST_LOG` is unset. lapin logs every channel the broker
+/// closes at ERROR, including the passive probes and the refused deliveries
+/// the router handles on purpose; the router logs what matters itself.
+const DEFAULT_LOG: &str = "info,lapin::channel=off";
+
+/// The `delay-router` binary: parses the command line, runs the command on
+/// a single-threaded runtime (the router is I/O-bound and shares small
+/// machines with the broker) and returns the exit status: 0, or 2 with the
+/// error on stderr.
+pub fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run_cli()),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run_cli() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format() {
+        LogFormat::Json => log.json().with_current_span(true).init(),
+        // Colour codes only for a person at a terminal, never in a file or a journal.
+        LogFormat::Text => log.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+    match execute(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
 
 /// delay-router: delayed retries and delayed delivery for RabbitMQ.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Declare the topology and route messages until SIGINT or SIGTERM.
     Run(ConfigArg),
     /// Declare the exchanges and queues, then exit (idempotent).
@@ -54,7 +98,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ParkedCommand {
+pub(crate) enum ParkedCommand {
     /// List parked messages (reason, source queue, attempts, age); removes nothing.
     List {
         #[command(flatten)]
@@ -89,7 +133,7 @@ pub enum ParkedCommand {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ConfigArg {
+pub(crate) struct ConfigArg {
     /// The ladder file.
     #[arg(long, short, default_value = "buckets.toml")]
     pub config: PathBuf,
@@ -118,7 +162,7 @@ fn load(arg: &ConfigArg) -> anyhow::Result<Config> {
 }
 
 /// Runs one command to completion.
-pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+pub(crate) async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(arg) => router::run(load(&arg)?, shutdown::signal()).await?,
         Command::Declare(arg) => println!("{}", declare::declare(&load(&arg)?).await?),

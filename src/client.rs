@@ -16,14 +16,18 @@ use std::time::Duration;
 /// Why a retry could not be handed to the router.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The publish did not complete (connection, channel or timeout).
     #[error("publishing to the router exchange failed: {0}")]
     Publish(#[from] BrokerError),
+    /// The router exchange took the retry but routed it to no queue.
     #[error(
         "the router exchange '{0}' routed the retry nowhere (is the router's topology declared?)"
     )]
     Unroutable(String),
+    /// The broker nacked the publish.
     #[error("the broker refused the retry (basic.nack)")]
     Refused,
+    /// The broker closed the channel over the publish, in these words.
     #[error("the broker closed the channel over the retry: {0}")]
     ChannelClosed(BrokerReply),
 }

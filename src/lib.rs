@@ -4,45 +4,68 @@
 //! Users publish to the router exchange with `x-requested-delay`; the router
 //! places each message in a bucket whose TTL fits, and when the bucket
 //! dead-letters it, publishes it to its original exchange and routing key.
+//! Most users run the `delay-router` binary; this crate is for programs
+//! that embed the router or talk to it:
 //!
-//! Where a message's fate is **decided** — [`core`], pure, no I/O:
-//! - [`core::decision`]: [`Rules::decide`](core::decision::Rules::decide), the
-//!   one decision per delivery, returning its whole [`Plan`](core::decision::Plan);
-//!   its parts: [`core::ladder`], [`core::placement`], [`core::contract`]
-//!   (headers in and out), [`core::envelope`] (properties in transit),
-//!   [`core::parking`] and [`core::reasons`] (parked messages and why),
-//!   [`core::retry`], [`core::identity`] (derived message ids), [`core::wire`]
-//!   (frame sizes, what the broker accepts), [`core::topology`] (names and
-//!   arguments), [`core::security`] (allow-list, permissions), [`core::glob`];
-//!   beside them [`core::compat`]: what the connected broker's version gives
-//!   a strategy and queue type; [`core::inflight`]: how many publishes a
-//!   pipeline keeps unconfirmed, from the observed confirm latency.
+//! - [`run`] the router with a [`Config`] loaded from `buckets.toml` and
+//!   the environment ([`Config::load`]), until a shutdown future completes
+//!   ([`shutdown::signal`]);
+//! - [`client`]: "retry this delivery in D", for consumers;
+//! - [`contract`]: the header names the router reads and writes;
+//! - [`cli`] (the `cli` feature, on by default): the binary's command line.
 //!
-//! Where it is **carried out** — [`router`], the service: supervisor,
-//! session, pipelines, forwarding on the main and careful lanes, settling
-//! acks, the janitor and the drift watch; its metrics and probes (`stats`,
-//! `health`, `endpoint`) and the tombstones of cancelled messages.
-//!
-//! How it **talks to RabbitMQ** — [`broker`]: connect and close, declare,
-//! probe, publish with confirms. Every await has a timeout.
-//!
-//! What the **command line** does — [`commands`] (`declare`, `status`,
-//! `parked`, `permissions`, `cancel`; `run` is [`router::run`]). The binary itself
-//! (`src/main.rs`, `src/cli.rs`) only parses arguments and prints; it needs
-//! the `cli` feature (default), which brings clap and anyhow.
-//!
-//! Also: [`config`] (`buckets.toml` and the environment, validated once),
-//! [`client`] ("retry this delivery in D" for consumers), [`shutdown`]
-//! (signals), and with the `testkit` feature `testkit` (what the tests
-//! share).
+//! Inside, a pure core decides each delivery's fate once (`core`: the
+//! ladder, placement, headers, retry policies; no I/O), the router carries
+//! the decisions out (`router`: sessions, pipelines, forwarding, settling,
+//! metrics and probes), and `broker` talks to RabbitMQ with a timeout on
+//! every await. Those modules are the crate's own; the `testkit` feature
+//! (for the project's tests, benches and fuzz targets) makes them
+//! reachable, hidden from the documentation.
 
-pub mod broker;
+#![warn(missing_docs)]
+// Without `testkit` the inner modules are private, and what only the tests
+// reach through them is not dead.
+#![cfg_attr(not(feature = "testkit"), allow(dead_code, unused_imports))]
+
+/// The crate's own modules: public only with the `testkit` feature.
+macro_rules! internal {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {$(
+        $(#[$attr])*
+        #[cfg(feature = "testkit")]
+        #[doc(hidden)]
+        #[allow(missing_docs)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "testkit"))]
+        mod $name;
+    )*};
+}
+
+internal!(broker, commands, config, core, router);
+
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod client;
-pub mod commands;
-pub mod config;
-pub mod core;
-pub mod router;
 pub mod shutdown;
 
-#[cfg(any(test, feature = "testkit"))]
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+#[allow(missing_docs)]
 pub mod testkit;
+#[cfg(all(test, not(feature = "testkit")))]
+mod testkit;
+
+pub use crate::config::{Config, ConfigError, LogFormat};
+pub use crate::router::{RouterError, run};
+
+/// The message contract: the headers a sender sets, and those the router
+/// writes on what it delivers or parks
+/// (`docs/contract.md` says what each means).
+pub mod contract {
+    pub use crate::core::contract::{
+        CANCEL_MESSAGE_ID, DELIVER_AT, ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY, PARK_REASON,
+        PARKED_AT, REQUESTED_DELAY,
+    };
+    pub use crate::core::delayed::X_DELAY;
+    pub use crate::core::retry::ATTEMPTS;
+}

@@ -134,14 +134,26 @@ struct RawBucket {
 /// A configuration that cannot be used; every variant names the key and value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file cannot be read or is not TOML of the expected shape (an
+    /// unknown key is named here).
     #[error("cannot read configuration {path}: {message}")]
-    Read { path: String, message: String },
-    #[error("{key} = {value:?}: {message}")]
-    Invalid {
-        key: String,
-        value: String,
+    Read {
+        /// The file.
+        path: String,
+        /// What went wrong, with any password redacted.
         message: String,
     },
+    /// A value that cannot be used.
+    #[error("{key} = {value:?}: {message}")]
+    Invalid {
+        /// `section.key`, or `policy[i].field` in an array of tables.
+        key: String,
+        /// The value as written (a password redacted).
+        value: String,
+        /// What is expected instead.
+        message: String,
+    },
+    /// The ladder of `[[bucket]]` rungs is empty or invalid.
     #[error("[[bucket]]: {0}")]
     Ladder(#[from] LadderError),
 }
@@ -163,8 +175,11 @@ pub struct Config {
     pub urls: Vec<AmqpUrl>,
     /// Extra CA certificates trusted for `amqps://`.
     pub ca_file: Option<CaFile>,
+    /// `[amqp] prefetch`: deliveries in flight per consumer.
     pub prefetch: u16,
+    /// `[topology] prefix`: every name the router declares starts with it.
     pub prefix: String,
+    /// `[placement] strategy`.
     pub strategy: PlacementStrategy,
     /// `[topology] queue_type`: classic, quorum, or auto (the default): the
     /// type the prefix's queues already have, quorum for a new prefix.
@@ -187,8 +202,9 @@ pub struct Config {
     /// bucket messages (both formats are always read).
     pub transit_format: crate::core::envelope::TransitFormat,
     /// Built in, not a key: queues per rung; `None`: the queue type's default
-    /// ([`crate::core::topology::default_bucket_shards`]).
+    /// (`core::topology::default_bucket_shards`).
     pub bucket_shards: Option<u8>,
+    /// `[[bucket]]`: the ladder of bucket TTLs.
     pub ladder: Ladder,
     /// Retry policies, first match wins.
     pub policies: Vec<Policy>,
