@@ -263,11 +263,7 @@ impl Harness {
     /// Stops the router, switches to a new ladder and settings on the same
     /// prefix, and starts it again.
     pub async fn restart_with(&mut self, ladder: &[&str], extra: &str) {
-        self.stop_router().await.expect("router stopped cleanly");
-        self.config =
-            Config::from_toml(&config_toml(&self.prefix, ladder, extra)).expect("test config");
-        self.queues.extend(every_bucket(&self.config));
-        self.start_router().await;
+        self.restart_tuned(ladder, extra, |_| {}).await;
     }
 
     /// As [`Harness::restart_with`], with built-in settings changed by `tune`.
