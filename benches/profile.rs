@@ -56,6 +56,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use delay_router::broker;
 use delay_router::config::Config;
 use delay_router::core::decision::{Action, Rules};
+use delay_router::testkit::decide;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -256,7 +257,7 @@ async fn callgrind_run(
         queue,
         properties: placed,
         ..
-    } = s.rules.on_ingress(&"bench".into(), &p, 0, 0.0)
+    } = decide::ingress(&s.rules, &"bench".into(), &p, 0, 0.0)
     else {
         panic!("a 30m delay waits in a bucket")
     };

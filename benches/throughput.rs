@@ -60,6 +60,7 @@ use delay_router::config::Config;
 use delay_router::core::decision::{Action, Rules};
 use delay_router::core::identity;
 use delay_router::core::topology::{QueueType, queue_arguments};
+use delay_router::testkit::decide;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -112,7 +113,8 @@ fn placed_props() -> BasicProperties {
     let config = Config::from_toml(text).unwrap();
     let rules = Rules::new(&config.ladder, config.strategy, "bench-00000000", "guest");
     let now_ms = 1_800_000_000_000;
-    let Action::Wait { properties, .. } = rules.on_ingress(&"bench".into(), &props(), now_ms, 0.0)
+    let Action::Wait { properties, .. } =
+        decide::ingress(&rules, &"bench".into(), &props(), now_ms, 0.0)
     else {
         panic!("a 30m delay waits in a bucket")
     };
@@ -287,7 +289,8 @@ async fn router_round(
     prefill(&ch, names.router_exchange.as_str(), "bench", n, &props()).await;
     wait_depth(conn, names.ingress.as_str(), n as u32).await;
     // The bucket the router places these messages in, by its own decision.
-    let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
+    let Action::Wait { queue, .. } = decide::ingress(&rules, &"bench".into(), &props(), 0, 0.0)
+    else {
         panic!("a 30m delay waits in a bucket")
     };
     // Every queue of that bucket's rung (its shards): the router spreads
@@ -439,7 +442,8 @@ async fn router_queues(
         .unwrap();
     prefill(ch, rules.names.router_exchange.as_str(), "bench", n, shape).await;
     wait_depth(conn, rules.names.ingress.as_str(), n as u32).await;
-    let Action::Wait { queue, .. } = rules.on_ingress(&"bench".into(), &props(), 0, 0.0) else {
+    let Action::Wait { queue, .. } = decide::ingress(&rules, &"bench".into(), &props(), 0, 0.0)
+    else {
         panic!("a 30m delay waits in a bucket")
     };
     let ingress = rules.names.ingress.to_string();

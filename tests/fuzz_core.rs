@@ -65,7 +65,7 @@ proptest! {
     ) {
         let hold_up_to = std::time::Duration::from_millis(hold_ms);
         let rk = ShortString::try_new(rk).unwrap_or_else(|_| "k".into());
-        let cx = |now_ms| Context { clock: Clock::at_ms(now_ms), unit, frame_max, cancelled, hold_up_to };
+        let cx = |now_ms| Context { unit, frame_max, cancelled, hold_up_to, ..Context::at(Clock::at_ms(now_ms)) };
         for rules in rules() {
             let delivery = |source, properties: &BasicProperties| {
                 let d = Delivery { source, exchange: "fz.router", routing_key: &rk, properties: Cow::Borrowed(properties), body: &body };

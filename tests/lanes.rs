@@ -8,6 +8,7 @@
 mod common;
 use common::*;
 use delay_router::core::decision::{Action, Rules};
+use delay_router::testkit::decide;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -43,7 +44,7 @@ fn delayed(ms: i64, to: &str) -> BasicProperties {
 /// Where the core places a message of `ms` at ingress: the bucket and the
 /// properties it waits there with.
 fn placement(rules: &Rules, ms: i64) -> (ShortString, BasicProperties) {
-    match rules.on_ingress(&"k".into(), &delayed(ms, "nowhere"), 0, 0.0) {
+    match decide::ingress(rules, &"k".into(), &delayed(ms, "nowhere"), 0, 0.0) {
         Action::Wait {
             queue, properties, ..
         } => (queue, properties),

@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use delay_router::core::decision::{Action, Rules};
+use delay_router::testkit::decide;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use std::collections::BTreeMap;
@@ -299,7 +300,8 @@ async fn what_waits_in_an_earlier_versions_chain_arrives_and_the_chain_is_remove
         .unwrap()
         .as_millis() as i64;
     let t0 = Instant::now();
-    let Action::Wait { properties, .. } = rules.on_ingress(&"k".into(), &sender, now_ms, 0.0)
+    let Action::Wait { properties, .. } =
+        decide::ingress(&rules, &"k".into(), &sender, now_ms, 0.0)
     else {
         panic!("4.5 s waits in a bucket")
     };

@@ -39,6 +39,7 @@ use delay_router::core::placement::{
     HOLD_BELOW, PRIORITY_LEVELS, Placement, PlacementStrategy, ROUND_UP_WITHIN, place,
 };
 use delay_router::core::reasons::ParkReason;
+use delay_router::testkit::decide;
 use lapin::BasicProperties;
 use lapin::types::parsing::parse_value;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -353,7 +354,7 @@ fn through_plans(v: &AMQPValue, parsed: &Result<Duration, DelayError>) {
     let p = BasicProperties::default().with_headers(h);
     for named in plans() {
         let (name, rules) = (&named.name, &named.rules);
-        let action = rules.on_ingress(&"k".into(), &p, NOW, 0.5);
+        let action = decide::ingress(rules, &"k".into(), &p, NOW, 0.5);
         match (parsed, action) {
             (Err(e), Action::Park { reason, .. }) => {
                 assert_eq!(reason, ParkReason::InvalidDelay(e.clone()), "[{name}]")

@@ -1,5 +1,6 @@
 //! The `headers` target: a header table in AMQP wire format, plus a trailer of
-//! properties, through `on_ingress` and `on_expired` under every set of rules.
+//! properties, through `Rules::decide` from ingress and from a bucket under every set of
+//! rules.
 //!
 //! # Input layout
 //!
@@ -14,7 +15,7 @@
 //!          byte 2    priority
 //!          byte 3    user-id: even "guest" (the router's user), odd "mallory"
 //!          4..6      retry jitter unit = u16 / 65536, in [0, 1)
-//!          6..10     u32 ms after the clock for on_expired of the raw message
+//!          6..10     u32 ms after the clock, the raw message out of a bucket
 //!          10..18    clock (see flags 64/128), big-endian
 //!          18        n = expiration length (mod 32), then n bytes of expiration
 //!          rest      routing key (lossy UTF-8, cut to 255 bytes)
@@ -48,13 +49,16 @@ use crate::props::{dead_letter, honours_contract, same, sender_view};
 use delay_router::core::contract::{PARK_REASON, PARKED_AT, REQUESTED_DELAY, integer};
 use delay_router::core::decision::{Action, Rules};
 use delay_router::core::envelope::{PERSISTENT, leave_transit, read_transit};
+use delay_router::core::identity::ensure_message_id;
 use delay_router::core::parking::unpark;
 use delay_router::core::placement::{HOLD_BELOW, PRIORITY_LEVELS, PlacementStrategy};
 use delay_router::core::reasons::ParkReason;
 use delay_router::core::retry::{self, ATTEMPTS};
+use delay_router::testkit::decide;
 use lapin::BasicProperties;
 use lapin::types::parsing::parse_field_table;
 use lapin::types::{AMQPValue, LongString, ShortString};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -211,13 +215,26 @@ impl<'a> Checker<'a> {
     /// A message published to (or dead-lettered into) the router exchange.
     fn ingress(&self, rk: &ShortString, sender: &BasicProperties, now: i64, unit: f64, round: u8) {
         let name = self.name;
-        let action = self.rules.on_ingress(rk, sender, now, unit);
+        let action = decide::ingress(self.rules, rk, sender, now, unit);
+        // What the router forwards is the sender's message with a message-id:
+        // its own, else the one derived at ingress.
+        let exchange = self.rules.names.router_exchange.as_str();
+        let received = sender;
+        let stamped = ensure_message_id(Cow::Borrowed(sender), exchange, rk.as_str(), decide::BODY);
+        let sender = stamped.as_ref();
         match action {
+            // A cancel request on the router exchange is parked as it came,
+            // before a message-id is derived.
+            Action::Park { reason, properties }
+                if matches!(reason, ParkReason::InvalidCancel(_)) =>
+            {
+                self.parked(&reason, &properties, received, now, "ingress");
+            }
             Action::Park { reason, properties } => {
                 self.parked(&reason, &properties, sender, now, "ingress");
             }
-            // Cancel requests are read by Rules::decide, before on_ingress.
-            Action::Cancel { .. } => panic!("[{name}] on_ingress wrote a tombstone"),
+            // Cancel requests go to the control exchange, not the router's.
+            Action::Cancel { .. } => panic!("[{name}] the router exchange wrote a tombstone"),
             Action::Deliver {
                 destination,
                 properties,
@@ -333,7 +350,7 @@ impl<'a> Checker<'a> {
                 hops <= MAX_HOPS + 1,
                 "[{name}] still placed after the deadline"
             );
-            match self.rules.on_expired(&expired, t) {
+            match decide::expired(self.rules, &expired, t) {
                 Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
                 Action::Wait {
                     queue: q,
@@ -420,10 +437,7 @@ impl<'a> Checker<'a> {
                 "[{name}] retry of {queue}: attempts on {what}"
             );
         };
-        match self
-            .rules
-            .on_ingress(&destination.routing_key, &rejected, now, unit)
-        {
+        match decide::ingress(self.rules, &destination.routing_key, &rejected, now, unit) {
             Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
             Action::Park { reason, properties } => match (&reason, policy) {
                 (ParkReason::RetriesExhausted { attempts, .. }, Some(pol)) => {
@@ -473,7 +487,7 @@ impl<'a> Checker<'a> {
     /// The raw input as if a bucket had expired it: whatever it carries.
     fn expired_raw(&self, p: &BasicProperties, now: i64) {
         let name = self.name;
-        match self.rules.on_expired(p, now) {
+        match decide::expired(self.rules, p, now) {
             Action::Cancel { .. } => panic!("only Rules::decide writes tombstones"),
             Action::Park { reason, properties } => {
                 // Anything may be written into a bucket by hand: transit

@@ -4,7 +4,7 @@
 //!
 //! - [`headers`]: input bytes are an AMQP field table in wire format (as a
 //!   header table arrives from the broker) plus a trailer of properties, run
-//!   through `Rules::on_ingress` / `Rules::on_expired` under every strategy.
+//!   through `Rules::decide` (from ingress and from a bucket) under every strategy.
 //! - [`delay`]: input bytes are an `x-requested-delay` value, run through
 //!   `contract::parse_delay` / `parse_delay_str` and checked against the ladder.
 //!

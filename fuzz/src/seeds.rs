@@ -334,7 +334,7 @@ pub fn headers() -> Vec<(String, Vec<u8>)> {
         ]),
         Some(rk("k")),
     );
-    // As if from a bucket: what on_expired reads.
+    // As if from a bucket: what the decision reads out of the expired queue.
     add(
         "in-transit",
         table(&[
@@ -520,6 +520,22 @@ pub fn headers() -> Vec<(String, Vec<u8>)> {
             ),
         ]),
         Some(props(PRIORITY | EXPIRATION)),
+    );
+    // A cancel request on the router exchange: parked as it came, without
+    // the message-id the router derives for what it forwards.
+    add(
+        "cancel-on-router",
+        table(&[("x-cancel-message-id", s("order-7-reminder"))]),
+        Some(rk("eu")),
+    );
+    add(
+        "cancel-on-router-with-delay",
+        table(&[
+            ("x-cancel-message-id", s("order-7-reminder")),
+            ("x-requested-delay", s("2s")),
+            ("x-original-exchange", s("orders")),
+        ]),
+        None,
     );
     out
 }

@@ -19,12 +19,12 @@ pub use plan::{Action, Plan};
 
 use crate::core::cancel;
 use crate::core::clock::Clock;
-use crate::core::contract;
+use crate::core::contract::{self, Destination};
 use crate::core::delayed::DelayedExchange;
 use crate::core::envelope::{self, Overrides, Transit, TransitFormat};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
-use crate::core::parking;
+use crate::core::parking::{self, Failure};
 use crate::core::placement::{self, Placement, PlacementStrategy};
 use crate::core::reasons::{self, ParkReason};
 use crate::core::retry::Policy;
@@ -85,8 +85,8 @@ pub struct Delivery<'a> {
 }
 
 /// What a decision depends on besides the delivery and the rules.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Context {
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'r> {
     /// Now: deadlines are stamped from it rounded up and compared with it
     /// rounded down ([`Clock`]).
     pub clock: Clock,
@@ -101,6 +101,43 @@ pub struct Context {
     /// [`placement::HOLD_WITH_ROOM`] while it holds few deliveries,
     /// [`placement::HOLD_BELOW`] when it holds many.
     pub hold_up_to: Duration,
+    /// The destinations the broker refused lately: a delivery to one is
+    /// parked without a publish.
+    pub refused: &'r dyn Refusals,
+}
+
+impl Context<'static> {
+    /// A decision at `clock` with nothing else known: a unit of 0, a frame of
+    /// 128 KiB, no tombstone, holding below [`placement::HOLD_BELOW`], no
+    /// refusal remembered.
+    pub fn at(clock: Clock) -> Self {
+        Self {
+            clock,
+            unit: 0.0,
+            frame_max: 131_072,
+            cancelled: false,
+            hold_up_to: placement::HOLD_BELOW,
+            refused: &NoRefusals,
+        }
+    }
+}
+
+/// What the shell remembers of destinations the broker refused (a missing
+/// exchange, a forbidden routing key): an input of the decision, so a burst
+/// to a refused destination is parked without costing a channel each.
+pub trait Refusals: std::fmt::Debug + Sync {
+    /// The refusal of `destination` remembered now, as the failure it stands for.
+    fn refusal(&self, destination: &Destination) -> Option<Failure>;
+}
+
+/// Nothing refused.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoRefusals;
+
+impl Refusals for NoRefusals {
+    fn refusal(&self, _: &Destination) -> Option<Failure> {
+        None
+    }
 }
 
 /// Everything a decision depends on from the configuration.
@@ -366,6 +403,7 @@ impl Rules {
             frame_max: cx.frame_max,
             retry_policy,
         }
+        .checked(cx.refused)
     }
 
     /// A message published to the control exchange: a tombstone for the
@@ -483,12 +521,9 @@ impl Rules {
         }
     }
 
-    /// A message a bucket dead-lettered into the router's expired queue.
-    pub fn on_expired(&self, p: &BasicProperties, now_ms: i64) -> Action {
-        self.expired_holding(p, now_ms, placement::HOLD_BELOW, 0.0)
-    }
-
-    /// [`Rules::on_expired`], timing what is left below `hold_up_to` itself.
+    /// A message a bucket dead-lettered into the router's expired or due
+    /// queue: on to the next bucket, held for what is left below
+    /// `hold_up_to`, or delivered.
     fn expired_holding(
         &self,
         p: &BasicProperties,

@@ -4,6 +4,8 @@
 //! parked without a publish for a while, so a burst costs one channel).
 
 use crate::core::contract::Destination;
+use crate::core::decision::Refusals;
+use crate::core::parking::Failure;
 use crate::core::reasons::{ACCESS_REFUSED, BrokerReply, NOT_FOUND};
 use dashmap::DashMap;
 use lapin::types::ShortString;
@@ -80,6 +82,17 @@ impl Destinations {
                 .retain(|_, (_, at)| at.elapsed() < REFUSAL_MEMORY);
         }
         self.refused.insert(key, (reply.clone(), Instant::now()));
+    }
+}
+
+impl Refusals for Destinations {
+    fn refusal(&self, destination: &Destination) -> Option<Failure> {
+        let (reply, age) = self.refusal(destination)?;
+        tracing::debug!(exchange = %destination.exchange, "parking from a remembered refusal");
+        Some(Failure::Refused {
+            reply,
+            remembered_ms: Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+        })
     }
 }
 

@@ -27,7 +27,7 @@ use lapin::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// Publishes one message may take before the session gives up on it (a
 /// placement, a park after a refusal, a retry on the careful lane, and spare).
@@ -149,10 +149,11 @@ impl Forwarder {
         }
         // In flight on a main channel the broker closed: it may be the cause.
         let mut suspect = false;
-        for _ in 0..MAX_PUBLISHES_PER_MESSAGE {
-            if let Some(failure) = self.remembered_refusal(&pending.plan.action) {
-                self.fail(&mut pending.plan, failure);
-                continue;
+        for attempt in 0..MAX_PUBLISHES_PER_MESSAGE {
+            if attempt > 0 {
+                // Publishing again: a refusal learned meanwhile is an input
+                // of the plan, as it was of the decision.
+                pending.plan = self.checked(pending.plan);
             }
             let careful = suspect || self.unverified(&pending.plan.action);
             let turn = if careful {
@@ -161,7 +162,9 @@ impl Forwarder {
                 if !suspect && !self.unverified(&pending.plan.action) {
                     continue;
                 }
-                if self.remembered_refusal(&pending.plan.action).is_some() {
+                let plan = self.checked(pending.plan.clone());
+                if plan != pending.plan {
+                    pending.plan = plan;
                     continue;
                 }
                 Some(turn)
@@ -261,22 +264,24 @@ impl Forwarder {
     /// The plan's delivery becomes the park the plan says for `failure`.
     fn fail(&self, plan: &mut Plan, failure: Failure) {
         plan.action = plan.failed(failure);
+        self.log_park(plan);
+    }
+
+    fn log_park(&self, plan: &Plan) {
         if let Action::Park { reason, .. } = &plan.action {
             warn!(reason = %reason, "parking message");
         }
     }
 
-    /// A refusal of the plan's destination learned lately, if any.
-    fn remembered_refusal(&self, action: &Action) -> Option<Failure> {
-        let Action::Deliver { destination, .. } = action else {
-            return None;
-        };
-        let (reply, age) = self.destinations.refusal(destination)?;
-        debug!(exchange = %destination.exchange, "parking from a remembered refusal");
-        Some(Failure::Refused {
-            reply,
-            remembered_ms: Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
-        })
+    /// The plan, parked instead if its destination was refused lately.
+    fn checked(&self, plan: Plan) -> Plan {
+        let parks = |p: &Plan| matches!(p.action, Action::Park { .. });
+        let was_parked = parks(&plan);
+        let plan = plan.checked(self.destinations.as_ref());
+        if !was_parked && parks(&plan) {
+            self.log_park(&plan);
+        }
+        plan
     }
 
     /// A delivery to an exchange that has not confirmed a publish lately.

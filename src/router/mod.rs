@@ -3,12 +3,14 @@
 //! - [`supervisor`]: keeps a session alive, reconnecting with backoff.
 //! - [`session`]: one broker session: connect, declare, run both pipelines,
 //!   the [`janitor`] and the [`drift`] watch.
-//! - [`pipeline`]: consumes ingress or expired, asks the core for each
-//!   delivery's plan, and hands it to [`forward`].
-//! - [`forward`]: carries a plan out on the main or the careful lane, parks
-//!   what the destination refuses, and settles the source delivery.
+//! - [`pipeline`]: consumes ingress, due or expired, gathers what a
+//!   delivery's fate depends on (the clock, tombstones, the hold budget,
+//!   remembered refusals) and asks the core for its plan, once.
+//! - [`forward`]: carries a plan out on the main or the careful lane, feeds
+//!   what the broker answered (a return, a nack, a refusal) back to the plan
+//!   (`Plan::failed`, `Plan::checked`), and settles the source delivery.
 //! - [`destinations`]: what the router learned about destinations (took a
-//!   message, refused one).
+//!   message, refused one); the decision's `Refusals`.
 //! - [`presence`]: the routers of one prefix announce themselves and know of
 //!   each other.
 //! - [`settle`]: acks source deliveries in bulk once their replacements are confirmed.

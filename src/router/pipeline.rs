@@ -243,6 +243,7 @@ impl Pipeline {
             frame_max: self.publish_conn.configuration().frame_max(),
             cancelled,
             hold_up_to: hold_up_to(forwarder.holding(), hold_cap),
+            refused: forwarder.destinations.as_ref(),
         };
         let d = Delivery {
             source: self.source,

@@ -5,6 +5,7 @@
 
 pub mod arbitrary;
 pub mod consume;
+pub mod decide;
 pub mod props;
 pub mod rules;
 pub mod teardown;

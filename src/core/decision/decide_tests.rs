@@ -1,6 +1,7 @@
 //! Unit tests of the one decision: what `decide` stamps, removes and plans,
 //! and what becomes of a delivery its destination does not take.
 
+use crate::testkit::decide;
 use super::tests::{NOW, rules};
 use super::*;
 use crate::core::clock::Clock;
@@ -11,13 +12,10 @@ use crate::testkit::props::{props, s};
 use lapin::types::{AMQPValue, FieldTable};
 
 /// The context of a delivery read at exactly NOW, with little held.
-fn context(unit: f64) -> Context {
+fn context(unit: f64) -> Context<'static> {
     Context {
-        clock: Clock::at_ms(NOW),
         unit,
-        frame_max: 131_072,
-        cancelled: false,
-        hold_up_to: crate::core::placement::HOLD_BELOW,
+        ..Context::at(Clock::at_ms(NOW))
     }
 }
 
@@ -93,7 +91,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
     ])
     .with_message_id("m".into());
     let plan = Plan {
-        action: rules().on_ingress(&"eu".into(), &p, NOW, 0.0),
+        action: decide::ingress(&rules(), &"eu".into(), &p, NOW, 0.0),
         decided_ms: NOW,
         frame_max: 131_072,
         retry_policy: None,
@@ -111,7 +109,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
     );
     assert_eq!(parking::unpark(&properties), p);
     let placed = Plan {
-        action: rules().on_ingress(
+        action: decide::ingress(&rules(), 
             &"eu".into(),
             &props(&[("x-requested-delay", s("1s")), (ORIGINAL_EXCHANGE, s("o"))]),
             NOW,
@@ -149,7 +147,7 @@ fn a_message_written_into_a_bucket_by_hand_is_checked_when_due() {
         }
         props(&pairs)
     };
-    let park_reason = |p: &BasicProperties| match rules.on_expired(p, NOW) {
+    let park_reason = |p: &BasicProperties| match decide::expired(&rules, p, NOW) {
         Action::Park { reason, .. } => reason,
         other => panic!("expected a park, got {other:?}"),
     };
@@ -174,7 +172,7 @@ fn a_message_written_into_a_bucket_by_hand_is_checked_when_due() {
         ParkReason::Unacceptable(wire::Unacceptable::DeliveryMode(3))
     ));
     assert!(matches!(
-        rules.on_expired(&forged("orders", None), NOW),
+        decide::expired(&rules, &forged("orders", None), NOW),
         Action::Deliver { .. }
     ));
 }
@@ -189,11 +187,8 @@ fn an_x_deliver_at_held_at_ingress_is_timed_from_now_rounded_down() {
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
     let cx = Context {
-        clock: Clock::from_unix_nanos(NOW as u64 * 1_000_000 + 400_000),
-        unit: 0.0,
-        frame_max: 131_072,
-        cancelled: false,
         hold_up_to: std::time::Duration::from_secs(2),
+        ..Context::at(Clock::from_unix_nanos(NOW as u64 * 1_000_000 + 400_000))
     };
     let plan = super::tests::rules_for(PlacementStrategy::Cascade).decide(
         Delivery {
@@ -312,4 +307,68 @@ fn only_the_control_exchange_takes_cancel_requests() {
         ),
         other => panic!("a plain message on the control exchange: {other:?}"),
     }
+}
+
+/// Remembers a refusal of one exchange, as the shell's memory of
+/// destinations does.
+#[derive(Debug)]
+struct Refusing(&'static str);
+
+impl Refusals for Refusing {
+    fn refusal(&self, d: &Destination) -> Option<Failure> {
+        (d.exchange.as_str() == self.0).then(|| Failure::Refused {
+            reply: crate::core::reasons::BrokerReply {
+                code: crate::core::reasons::NOT_FOUND,
+                text: "NOT_FOUND - no exchange".into(),
+            },
+            remembered_ms: Some(40),
+        })
+    }
+}
+
+#[test]
+fn a_remembered_refusal_is_an_input_of_the_decision() {
+    let due = |exchange: &str| {
+        props(&[
+            ("x-requested-delay", AMQPValue::LongInt(0)),
+            (ORIGINAL_EXCHANGE, s(exchange)),
+        ])
+    };
+    let refused = Refusing("gone");
+    let cx = Context {
+        refused: &refused,
+        ..context(0.0)
+    };
+    let decide = |p: &BasicProperties| {
+        decide::from(&rules(), Source::Ingress, &"eu".into(), p, &cx)
+    };
+    let Action::Park { reason, properties } = decide(&due("gone")) else {
+        panic!("a delivery to a refused exchange is parked without a publish")
+    };
+    assert!(
+        matches!(reason, ParkReason::ExchangeNotFound { remembered_ms: Some(40), .. }),
+        "{reason}"
+    );
+    assert_eq!(
+        parking::parked_destination(&properties).unwrap().exchange.as_str(),
+        "gone",
+        "kept for replay"
+    );
+    assert!(matches!(decide(&due("orders")), Action::Deliver { .. }));
+    // A placement is no delivery: the refusal is asked again when it is due.
+    let p = props(&[("x-requested-delay", s("1s")), (ORIGINAL_EXCHANGE, s("gone"))]);
+    assert!(matches!(decide(&p), Action::Wait { .. }));
+    // The shell asks the plan again before publishing once more.
+    let plan = rules().decide(
+        Delivery {
+            source: Source::Ingress,
+            exchange: "t.router",
+            routing_key: &"eu".into(),
+            properties: Cow::Owned(due("gone")),
+            body: b"body",
+        },
+        &context(0.0),
+    );
+    assert!(matches!(plan.action, Action::Deliver { .. }));
+    assert!(matches!(plan.checked(&refused).action, Action::Park { .. }));
 }

@@ -4,6 +4,7 @@ use super::tests::{NOW, rules_for};
 use super::*;
 use crate::core::contract::{ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY};
 use crate::core::wire;
+use crate::testkit::decide;
 use crate::testkit::props::{props, s};
 use lapin::types::AMQPValue;
 
@@ -17,6 +18,16 @@ fn padded(pad: usize) -> BasicProperties {
     .with_message_id("m-1".into())
 }
 
+/// What `decide` makes of `p` at ingress before it is fitted to a frame: the
+/// decision with a frame no header table reaches.
+fn unfitted(rules: &Rules, p: &BasicProperties) -> Action {
+    let cx = Context {
+        frame_max: u32::MAX,
+        ..Context::at(crate::core::clock::Clock::at_ms(NOW))
+    };
+    decide::from(rules, Source::Ingress, &"k".into(), p, &cx)
+}
+
 /// The largest pad with which the sender's own message fits the frame.
 fn largest_pad(frame_max: u32) -> usize {
     frame_max as usize - wire::header_frame_len(&padded(0)).unwrap()
@@ -26,7 +37,7 @@ fn largest_pad(frame_max: u32) -> usize {
 fn a_message_that_fits_is_left_alone() {
     let rules = rules_for(PlacementStrategy::Cascade);
     let p = padded(100_000);
-    let a = rules.on_ingress(&"k".into(), &p, NOW, 0.0);
+    let a = unfitted(&rules, &p);
     assert_eq!(rules.within_frame(a.clone(), || p.clone(), NOW, 131_072), a);
 }
 
@@ -35,7 +46,7 @@ fn headers_too_large_with_the_routers_are_parked_with_the_largest_removed() {
     let rules = rules_for(PlacementStrategy::Cascade);
     let p = padded(largest_pad(131_072));
     assert!(wire::fits(&p, 131_072), "the sender's message fits");
-    let a = rules.on_ingress(&"k".into(), &p, NOW, 0.0);
+    let a = unfitted(&rules, &p);
     assert!(
         !wire::fits(a.properties(), 131_072),
         "with transit it does not"
@@ -61,7 +72,7 @@ fn headers_too_large_with_the_routers_are_parked_with_the_largest_removed() {
 fn an_oversized_park_keeps_its_own_reason() {
     let rules = rules_for(PlacementStrategy::Cascade);
     let p = padded(largest_pad(131_072)).with_user_id("mallory".into());
-    let a = rules.on_ingress(&"k".into(), &p, NOW, 0.0);
+    let a = unfitted(&rules, &p);
     let Action::Park { reason, .. } = rules.within_frame(a, || p.clone(), NOW, 131_072) else {
         panic!("expected a park")
     };
@@ -86,7 +97,7 @@ proptest::proptest! {
             h.insert(format!("more-{i}").as_str().into(), s(&"q".repeat(pad / 3)));
         }
         p = p.with_headers(h);
-        let a = rules.on_ingress(&"k".into(), &p, NOW, 0.0);
+        let a = unfitted(&rules, &p);
         let out = rules.within_frame(a, || p.clone(), NOW, frame_max);
         proptest::prop_assert!(wire::fits(out.properties(), frame_max));
     }

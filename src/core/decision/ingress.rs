@@ -10,7 +10,6 @@ use crate::core::contract::{
 use crate::core::delayed::{self, DelayedExchange};
 use crate::core::envelope::Transit;
 use crate::core::parking;
-use crate::core::placement;
 use crate::core::reasons::ParkReason;
 use crate::core::retry::{self, Rejection};
 use crate::core::wire;
@@ -55,22 +54,9 @@ fn refuse(
 
 impl Rules {
     /// A message published to the router exchange (or dead-lettered into it
-    /// by a work queue whose consumer rejected it), read at exactly `now_ms`.
-    /// `unit` is a random number in `[0, 1)` for retry jitter.
-    pub fn on_ingress(
-        &self,
-        routing_key: &ShortString,
-        p: &BasicProperties,
-        now_ms: i64,
-        unit: f64,
-    ) -> Action {
-        let clock = Clock::at_ms(now_ms);
-        self.admit_and_schedule(routing_key, p, clock, unit, placement::HOLD_BELOW)
-            .0
-    }
-
-    /// As [`Rules::on_ingress`], with the retry policy that scheduled it.
-    /// Deadlines are stamped from the clock rounded up. Where the message
+    /// by a work queue whose consumer rejected it), read at `clock`, with the
+    /// retry policy that scheduled it. `unit` is a random number in `[0, 1)`
+    /// for retry jitter. Deadlines are stamped from the clock rounded up. Where the message
     /// waits is decided from the delay as requested (a retry policy's delay,
     /// `x-requested-delay`), never from clock arithmetic: a delay equal to a
     /// rung gets that rung. An `x-deliver-at` waits from the clock rounded

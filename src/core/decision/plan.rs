@@ -84,6 +84,19 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan, its delivery parked instead when `refused` remembers a
+    /// refusal of its destination. [`Rules::decide`](super::Rules::decide)
+    /// ends with it; the shell asks it again before publishing once more,
+    /// since other deliveries may have learned a refusal meanwhile.
+    pub fn checked(mut self, refused: &dyn super::Refusals) -> Self {
+        if let Action::Deliver { destination, .. } = &self.action
+            && let Some(failure) = refused.refusal(destination)
+        {
+            self.action = self.failed(failure);
+        }
+        self
+    }
+
     /// What becomes of a delivery its destination did not take: parked with
     /// the reason for `failure`, the destination recorded for replay, within
     /// the frame. Only a delivery can fail so; other actions come back as

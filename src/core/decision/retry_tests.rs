@@ -1,5 +1,6 @@
 //! Unit tests of the decision's retry path (zero-code and explicit).
 
+use crate::testkit::decide;
 use super::tests::{NOW, rules_for};
 use super::*;
 use crate::core::contract::{Destination, ORIGINAL_EXCHANGE};
@@ -23,7 +24,7 @@ fn retry_rules() -> Rules {
 fn a_rejected_message_returns_to_exactly_its_queue_after_the_policy_delay() {
     let rules = retry_rules();
     let p = rejected_by("orders.eu", &[]);
-    let Action::Wait { properties, .. } = rules.on_ingress(&"eu".into(), &p, NOW, 0.0) else {
+    let Action::Wait { properties, .. } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0) else {
         panic!()
     };
     let t = read_transit(&properties).unwrap();
@@ -36,12 +37,12 @@ fn a_rejected_message_returns_to_exactly_its_queue_after_the_policy_delay() {
     );
     assert_eq!(t.deadline_ms, NOW + 1_000);
     // The second failure waits twice as long and counts on.
-    let Action::Deliver { properties, .. } = rules.on_expired(&properties, NOW + 1_000) else {
+    let Action::Deliver { properties, .. } = decide::expired(&rules, &properties, NOW + 1_000) else {
         panic!()
     };
     assert_eq!(header_int(&properties, ATTEMPTS), Some(1));
     let Action::Wait { properties, .. } =
-        rules.on_ingress(&"eu".into(), &properties, NOW + 5_000, 0.0)
+        decide::ingress(&rules, &"eu".into(), &properties, NOW + 5_000, 0.0)
     else {
         panic!()
     };
@@ -52,7 +53,7 @@ fn a_rejected_message_returns_to_exactly_its_queue_after_the_policy_delay() {
     assert_eq!(header_int(&delivered, FIRST_FAILURE), Some(NOW));
     assert_eq!(header_int(&delivered, LAST_FAILURE), Some(NOW + 5_000));
     // The third failure is the last one allowed.
-    match rules.on_ingress(&"eu".into(), &delivered, NOW + 9_000, 0.0) {
+    match decide::ingress(&rules, &"eu".into(), &delivered, NOW + 9_000, 0.0) {
         Action::Park { reason, properties } => {
             assert_eq!(
                 reason.to_string(),
@@ -69,11 +70,11 @@ fn a_rejected_message_returns_to_exactly_its_queue_after_the_policy_delay() {
 fn no_policy_parks_and_an_explicit_delay_wins() {
     let rules = retry_rules();
     assert!(matches!(
-        rules.on_ingress(&"k".into(), &rejected_by("billing", &[]), NOW, 0.0),
+        decide::ingress(&rules, &"k".into(), &rejected_by("billing", &[]), NOW, 0.0),
         Action::Park { reason: ParkReason::NoPolicy(q), .. } if q == "billing"
     ));
     let p = rejected_by("orders.eu", &[("x-requested-delay", s("7s"))]);
-    let Action::Wait { properties, .. } = rules.on_ingress(&"k".into(), &p, NOW, 0.0) else {
+    let Action::Wait { properties, .. } = decide::ingress(&rules, &"k".into(), &p, NOW, 0.0) else {
         panic!()
     };
     assert_eq!(read_transit(&properties).unwrap().deadline_ms, NOW + 7_000);
@@ -82,7 +83,7 @@ fn no_policy_parks_and_an_explicit_delay_wins() {
 #[test]
 fn plain_delayed_messages_get_no_attempt_headers() {
     let p = props(&[("x-requested-delay", s("1s")), (ORIGINAL_EXCHANGE, s("o"))]);
-    let Action::Wait { properties, .. } = retry_rules().on_ingress(&"k".into(), &p, NOW, 0.0)
+    let Action::Wait { properties, .. } = decide::ingress(&retry_rules(), &"k".into(), &p, NOW, 0.0)
     else {
         panic!()
     };

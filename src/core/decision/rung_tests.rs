@@ -28,13 +28,7 @@ fn clocks() -> impl Strategy<Value = Clock> {
 }
 
 fn ingress(rules: &Rules, p: &BasicProperties, clock: Clock) -> Action {
-    let cx = Context {
-        clock,
-        unit: 0.0,
-        frame_max: 131_072,
-        cancelled: false,
-        hold_up_to: HOLD_BELOW,
-    };
+    let cx = Context::at(clock);
     let d = Delivery {
         source: Source::Ingress,
         exchange: "t.router",

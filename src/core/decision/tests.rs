@@ -1,5 +1,6 @@
 //! Unit tests of the decision.
 
+use crate::testkit::decide;
 use super::*;
 use crate::core::contract::{ORIGINAL_EXCHANGE, ORIGINAL_ROUTING_KEY};
 use crate::core::envelope::read_transit;
@@ -22,6 +23,14 @@ pub(super) fn rules_for(strategy: PlacementStrategy) -> Rules {
 
 pub(super) const NOW: i64 = 1_000_000;
 
+/// The sender's properties `p` as the decision delivers them: with the
+/// message-id derived at ingress (`delivered` carries it).
+fn with_derived_id(p: &BasicProperties, delivered: &BasicProperties) -> BasicProperties {
+    let id = delivered.message_id().clone().expect("a message-id");
+    assert!(id.as_str().starts_with(crate::core::identity::PREFIX), "{id}");
+    p.clone().with_message_id(id)
+}
+
 #[test]
 fn ingress_places_in_the_round_up_bucket_with_a_deadline() {
     let p = props(&[
@@ -33,7 +42,7 @@ fn ingress_places_in_the_round_up_bucket_with_a_deadline() {
         ttl,
         properties,
         ..
-    } = rules().on_ingress(&"eu".into(), &p, NOW, 0.0)
+    } = decide::ingress(&rules(), &"eu".into(), &p, NOW, 0.0)
     else {
         panic!("expected a bucket")
     };
@@ -60,14 +69,14 @@ fn expiry_before_the_deadline_goes_round_again_and_after_it_delivers() {
     let rules = rules();
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_ingress(&"x".into(), &p, NOW, 0.0)
+    } = decide::ingress(&rules, &"x".into(), &p, NOW, 0.0)
     else {
         panic!()
     };
     assert_eq!(queue.as_str(), "t.bucket.5s");
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_expired(&properties, NOW + 5_000)
+    } = decide::expired(&rules, &properties, NOW + 5_000)
     else {
         panic!()
     };
@@ -79,14 +88,14 @@ fn expiry_before_the_deadline_goes_round_again_and_after_it_delivers() {
         after,
         due_ms,
         hops,
-    } = rules.on_expired(&properties, NOW + 7_000)
+    } = decide::expired(&rules, &properties, NOW + 7_000)
     else {
         panic!()
     };
     assert_eq!(after, Duration::ZERO);
     assert_eq!((due_ms, hops), (NOW + 7_000, 2));
     assert_eq!(destination.routing_key.as_str(), "jobs");
-    assert_eq!(properties, p);
+    assert_eq!(properties, with_derived_id(&p, &properties));
 }
 
 #[test]
@@ -96,7 +105,7 @@ fn zero_delay_delivers_at_once_unchanged() {
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
     assert!(
-        matches!(rules().on_ingress(&"eu".into(), &p, NOW, 0.0), Action::Deliver { properties, .. } if properties == p)
+        matches!(decide::ingress(&rules(), &"eu".into(), &p, NOW, 0.0), Action::Deliver { properties, .. } if properties == with_derived_id(&p, &properties))
     );
 }
 
@@ -109,35 +118,35 @@ fn cascade_goes_down_the_ladder_and_holds_the_last_fraction() {
     ]);
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_ingress(&"k".into(), &p, NOW, 0.0)
+    } = decide::ingress(&rules, &"k".into(), &p, NOW, 0.0)
     else {
         panic!()
     };
     assert_eq!(queue.as_str(), "t.bucket.2s");
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_expired(&properties, NOW + 2_003)
+    } = decide::expired(&rules, &properties, NOW + 2_003)
     else {
         panic!()
     };
     assert_eq!(queue.as_str(), "t.bucket.1s");
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_expired(&properties, NOW + 3_010)
+    } = decide::expired(&rules, &properties, NOW + 3_010)
     else {
         panic!()
     };
     assert_eq!(queue.as_str(), "t.bucket.250ms");
     let Action::Deliver {
         after, properties, ..
-    } = rules.on_expired(&properties, NOW + 3_262)
+    } = decide::expired(&rules, &properties, NOW + 3_262)
     else {
         panic!()
     };
     assert_eq!(after, Duration::from_millis(138));
-    assert_eq!(properties, p);
+    assert_eq!(properties, with_derived_id(&p, &properties));
     // Finer rungs below 1s: 500ms, 250ms.
-    let Action::Wait { queue, .. } = rules.on_ingress(
+    let Action::Wait { queue, .. } = decide::ingress(&rules, 
         &"k".into(),
         &props(&[
             ("x-requested-delay", AMQPValue::LongInt(700)),
@@ -166,7 +175,7 @@ fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
     let (mut action, mut now, mut path) =
-        (rules.on_ingress(&"k".into(), &p, NOW, 0.0), NOW, vec![]);
+        (decide::ingress(&rules, &"k".into(), &p, NOW, 0.0), NOW, vec![]);
     while let Action::Wait {
         queue,
         ttl,
@@ -176,7 +185,7 @@ fn cascade_on_the_shipped_ladder_matches_the_documented_example() {
     {
         path.push(queue.to_string());
         now += ttl.as_millis() as i64;
-        action = rules.on_expired(&properties, now);
+        action = decide::expired(&rules, &properties, now);
     }
     assert_eq!(path, ["delay.bucket.1m", "delay.bucket.40s"]);
     assert!(matches!(action, Action::Deliver { after, .. } if after.is_zero()));
@@ -192,7 +201,7 @@ fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
     .with_priority(1);
     let Action::Wait {
         queue, properties, ..
-    } = rules.on_ingress(&"k".into(), &p, NOW, 0.0)
+    } = decide::ingress(&rules, &"k".into(), &p, NOW, 0.0)
     else {
         panic!()
     };
@@ -200,7 +209,7 @@ fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
     assert_eq!(properties.expiration().as_ref().unwrap().as_str(), "1200");
     assert_eq!(*properties.priority(), Some(7));
     let Action::Deliver { properties, .. } =
-        rules.on_expired(&properties.with_expiration("0".into()), NOW + 1_200)
+        decide::expired(&rules, &properties.with_expiration("0".into()), NOW + 1_200)
     else {
         panic!()
     };
@@ -208,7 +217,7 @@ fn priority_sets_expiration_and_priority_and_restores_the_sender_values() {
 }
 
 fn park_reason(p: &BasicProperties) -> ParkReason {
-    match rules().on_ingress(&"rk".into(), p, NOW, 0.0) {
+    match decide::ingress(&rules(), &"rk".into(), p, NOW, 0.0) {
         Action::Park { reason, .. } => reason,
         other => panic!("expected park, got {other:?}"),
     }
@@ -253,7 +262,7 @@ fn bad_input_is_parked_with_a_reason() {
 #[test]
 fn expired_without_transit_headers_is_parked() {
     assert!(matches!(
-        rules().on_expired(&BasicProperties::default(), NOW),
+        decide::expired(&rules(), &BasicProperties::default(), NOW),
         Action::Park {
             reason: ParkReason::NotInTransit(_),
             ..
@@ -278,11 +287,11 @@ fn the_most_hops_the_headers_can_say_do_not_overflow() {
             (TRANSIT_HOPS, AMQPValue::LongLongInt(i64::MAX)),
         ])
     };
-    let Action::Wait { properties, .. } = rules().on_expired(&transit(i64::MAX), NOW) else {
+    let Action::Wait { properties, .. } = decide::expired(&rules(), &transit(i64::MAX), NOW) else {
         panic!("expected a bucket")
     };
     assert_eq!(read_transit(&properties).unwrap().hops, i64::MAX);
-    let Action::Deliver { hops, .. } = rules().on_expired(&transit(NOW), NOW) else {
+    let Action::Deliver { hops, .. } = decide::expired(&rules(), &transit(NOW), NOW) else {
         panic!("expected a delivery")
     };
     assert_eq!(hops, u32::MAX);
@@ -313,7 +322,7 @@ fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
         ]);
         let Action::Wait {
             ttl, properties, ..
-        } = rules.on_ingress(&"eu".into(), &p, NOW, 0.0)
+        } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0)
         else {
             panic!("{delay_ms} ms waits in a bucket")
         };
@@ -331,11 +340,11 @@ fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
         ("x-requested-delay", AMQPValue::LongLongInt(1_900)),
         (ORIGINAL_EXCHANGE, s("orders")),
     ]);
-    let Action::Wait { properties, .. } = rules.on_ingress(&"eu".into(), &p, NOW, 0.0) else {
+    let Action::Wait { properties, .. } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0) else {
         panic!("waits")
     };
     assert_eq!(lane(&properties), due);
-    let Action::Wait { properties, .. } = rules.on_expired(&properties, NOW - 10_000) else {
+    let Action::Wait { properties, .. } = decide::expired(&rules, &properties, NOW - 10_000) else {
         panic!("waits again")
     };
     assert_eq!(lane(&properties), None);
