@@ -41,7 +41,7 @@ macro_rules! internal {
     )*};
 }
 
-internal!(broker, commands, config, core, router);
+internal!(broker, commands, config, core, router, tuning);
 
 #[cfg(feature = "cli")]
 pub mod cli;

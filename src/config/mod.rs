@@ -13,6 +13,7 @@ use std::path::Path;
 
 mod url;
 pub use url::{AmqpUrl, CaFile, redact, redact_text};
+pub use crate::tuning::{INFLIGHT_BYTES as DEFAULT_INFLIGHT_BYTES, CHECK_INTERVAL as DEFAULT_CHECK_INTERVAL};
 
 /// Environment variable prefix: `DELAY_ROUTER__AMQP__URL` overrides `[amqp] url`.
 pub const ENV_PREFIX: &str = "DELAY_ROUTER";
@@ -20,8 +21,6 @@ pub const ENV_PREFIX: &str = "DELAY_ROUTER";
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default deliveries in flight per consumer.
 pub const DEFAULT_PREFETCH: u16 = 500;
-/// Default bytes in flight per consumer: the window shrinks for large messages.
-pub const DEFAULT_INFLIGHT_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,9 +159,6 @@ pub enum ConfigError {
 
 /// The most queues a rung may have ([`Config::bucket_shards`]).
 pub const MAX_BUCKET_SHARDS: u8 = 16;
-
-/// Default period of the topology check (passive declares, repair on drift).
-pub const DEFAULT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The validated configuration.
 #[derive(Debug, Clone)]

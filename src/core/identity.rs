@@ -15,6 +15,7 @@
 use crate::core::wire;
 use lapin::BasicProperties;
 use std::borrow::Cow;
+use crate::tuning::HASH_ONE_SHOT_UP_TO as ONE_SHOT_UP_TO;
 
 /// Prefix of ids the router derives.
 pub const PREFIX: &str = "dr-";
@@ -55,12 +56,6 @@ pub fn derive(p: &BasicProperties, exchange: &str, routing_key: &str, body: &[u8
     }
     id
 }
-
-/// Up to this many bytes of content are hashed in one call from one buffer:
-/// XXH3's streaming state cost more than copying a typical message once.
-/// Larger messages are streamed (the same hash: XXH3 does not depend on
-/// how its input is split).
-const ONE_SHOT_UP_TO: usize = 16 * 1024;
 
 /// XXH3-128 of the exchange, routing key and body, each after its length
 /// (8 bytes, big-endian), then of the encoded properties after theirs.

@@ -22,19 +22,7 @@
 //! docs/mechanisms.md).
 
 use std::time::Duration;
-
-/// A round's mean latency below this many times the base: grow.
-pub const GROW_BELOW: f64 = 2.0;
-/// A round's mean latency above this many times the base: shrink.
-pub const SHRINK_ABOVE: f64 = 4.0;
-/// The limit never goes below this (nor above the prefetch window).
-pub const FLOOR: usize = 32;
-/// The fewest confirms a round averages (small limits still get a steady mean).
-pub const MIN_ROUND: usize = 32;
-/// The base is the lowest round mean of the last this many rounds (and of
-/// the rounds before, until they age out): it follows a broker that became
-/// slower for good, slowly.
-pub const BASE_ROUNDS: u32 = 256;
+pub use crate::tuning::{GROW_BELOW, SHRINK_ABOVE, FLOOR, MIN_ROUND, BASE_ROUNDS};
 
 /// The limit on publishes in flight and what it learned.
 #[derive(Debug, Clone)]

@@ -16,35 +16,8 @@
 
 use crate::core::ladder::{Ladder, MAX_TTL, Rung};
 use std::{fmt, str::FromStr, time::Duration};
+pub use crate::tuning::{HOLD_BELOW, HOLD_WITH_ROOM, DUE_WITHIN as DEFAULT_DUE_WITHIN, ROUND_UP_WITHIN, GRID, GRID_BELOW, MAX_LAPS, MAX_REACH_LAPS};
 
-/// Below this the cascade router times the rest itself instead of using a bucket.
-pub const HOLD_BELOW: Duration = Duration::from_millis(250);
-/// While it has room ([`Context::hold_up_to`](crate::core::decision::Context)),
-/// the cascade router times up to this much itself: the finer rungs' hops it
-/// saves (about one in three hops of a 1–60 s delay) each cost the broker a
-/// publish, a confirm, a dead-lettering, a delivery and an ack.
-pub const HOLD_WITH_ROOM: Duration = Duration::from_secs(2);
-/// A message due within this long after its bucket expires it is sorted into
-/// the due lane (built in; tests shorten it).
-///
-/// A bucket expires what it holds in waves when many messages entered it
-/// together, and the router then works through them in the order the
-/// broker dead-lettered them. In the expired lane a message is late only if
-/// that backlog outlasts the time it has left, which is at least this long;
-/// the due lane holds only what has less, and the router serves it first.
-/// One minute: below the shipped second rung, so that what leaves a bucket
-/// of `5m` or its multiples (under five minutes left) does not all crowd
-/// into the one due lane.
-pub const DEFAULT_DUE_WITHIN: Duration = Duration::from_secs(60);
-/// How much later than its deadline the cascade lets one step end, to fill
-/// the time left with one rung instead of several finer ones.
-///
-/// Every hop comes back a little late (a few milliseconds: dead-lettering,
-/// delivery, the router's turn), so a message that waited five minutes of a
-/// six-minute delay has 59.99 s left, not a minute; without a tolerance it
-/// then takes 30s, 15s, 7.5s, 3.75s and 1.875s where one `1m` hop does, and
-/// ends late by those milliseconds all the same.
-pub const ROUND_UP_WITHIN: Duration = Duration::from_millis(10);
 /// Priority levels of a priority bucket (`x-max-priority`).
 pub const PRIORITY_LEVELS: u8 = 10;
 
@@ -148,34 +121,6 @@ pub fn effective_ladder(strategy: PlacementStrategy, ladder: &Ladder) -> Ladder 
     }
     Ladder::new(rungs).expect("added rungs keep the ladder valid")
 }
-
-/// The step of the cascade's grid ([`effective_ladder`]): as long as the
-/// router holds with room ([`HOLD_WITH_ROOM`]), so that what is left after a
-/// grid rung is held, not placed again.
-///
-/// A message with under a minute left takes one grid rung where halving
-/// rungs would take several, and every hop is a publish, a confirm, a
-/// dead-lettering, a delivery and an ack at the broker.
-pub const GRID: Duration = HOLD_WITH_ROOM;
-/// The grid stops below this (or below the second rung, if lower): a minute
-/// in 2 s steps is 29 queues.
-pub const GRID_BELOW: Duration = Duration::from_secs(60);
-
-/// Most laps of one rung a single bucket holds where the multiples of a
-/// rung stop at the next rung up (rungs below [`grid_top`], and the top
-/// rungs): the largest such multiple cascade adds as a rung of its own.
-///
-/// A message with several multiples of a rung to wait (twenty minutes on
-/// the shipped ladder: four of `5m`) waits once in `<prefix>.bucket.20m`,
-/// where it would otherwise come back through the router and the broker
-/// would dead-letter it four times. Five: enough for every rung of the
-/// shipped ladder below the top, and five days on the top rung, inside the
-/// default tombstone life a cancel needs (`[cancel] keep`, 7 days).
-pub const MAX_LAPS: u32 = 5;
-
-/// Most laps of one rung a single bucket holds where the multiples reach
-/// the rung two up ([`max_laps`]): `1m` up to `29m` on the shipped ladder.
-pub const MAX_REACH_LAPS: u32 = 30;
 
 /// The top of the cascade's grid: the second rung (the only one, if it is
 /// alone), at most [`GRID_BELOW`].

@@ -254,16 +254,13 @@ impl Topology {
     }
 }
 
-/// Queues a rung has unless a test sets another number. One queue
-/// is one broker process, and a classic queue's process is what paces a
-/// drain into one bucket: two of them place faster than one
-/// (docs/mechanisms.md). A quorum queue is a Raft group on every node, each far dearer
-/// to keep than a classic queue, and one already placed as fast as the
-/// shovel: one.
+/// Queues a rung has unless a test sets another number
+/// ([`CLASSIC_BUCKET_SHARDS`](crate::tuning::CLASSIC_BUCKET_SHARDS),
+/// [`QUORUM_BUCKET_SHARDS`](crate::tuning::QUORUM_BUCKET_SHARDS)).
 pub fn default_bucket_shards(queue_type: QueueType) -> u8 {
     match queue_type {
-        QueueType::Classic => 2,
-        QueueType::Quorum => 1,
+        QueueType::Classic => crate::tuning::CLASSIC_BUCKET_SHARDS,
+        QueueType::Quorum => crate::tuning::QUORUM_BUCKET_SHARDS,
     }
 }
 

@@ -10,15 +10,8 @@ use crate::core::reasons::{ACCESS_REFUSED, BrokerReply, NOT_FOUND};
 use dashmap::DashMap;
 use lapin::types::ShortString;
 use std::time::{Duration, Instant};
-
-/// How long a refusal is remembered: messages to that destination are parked
-/// without a publish meanwhile.
-pub const REFUSAL_MEMORY: Duration = Duration::from_secs(5);
-/// How long an exchange that confirmed a publish stays on the main lane
-/// without confirming another.
-pub const VERIFIED_FOR: Duration = Duration::from_secs(60);
-/// Remembered refusals beyond which expired ones are pruned on insert.
-const PRUNE_ABOVE: usize = 1_000;
+pub use crate::tuning::{REFUSAL_MEMORY, VERIFIED_FOR};
+use crate::tuning::REFUSALS_PRUNE_ABOVE as PRUNE_ABOVE;
 
 /// A refusal is remembered for the whole exchange (a missing exchange) or for
 /// one routing key of it (an access refusal: topic permissions are per key).

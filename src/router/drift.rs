@@ -25,6 +25,7 @@ use lapin::types::ShortString;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
+pub use crate::tuning::FULL_EVERY;
 
 /// What is missing, as "exchange NAME" / "queue NAME", by passive declares.
 pub async fn missing(conn: &Connection, t: &Topology) -> Result<Vec<String>, BrokerError> {
@@ -101,12 +102,6 @@ fn record_depth(stats: &Stats, names: &Names, queue: &ShortString, messages: u32
     };
     stats.set_queue_depth(queue.as_str(), role, messages);
 }
-
-/// Every how many checks the whole topology is declared again though the
-/// survey found every exchange and queue (once a minute at the default
-/// `check_interval` of 5 s): what finds a queue re-created with other
-/// arguments.
-pub const FULL_EVERY: u32 = 12;
 
 /// One check: repairs what is missing and re-asserts the bindings; with
 /// `full`, declares the whole topology again even if nothing is missing.

@@ -28,10 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
-
-/// Publishes one message may take before the session gives up on it (a
-/// placement, a park after a refusal, a retry on the careful lane, and spare).
-const MAX_PUBLISHES_PER_MESSAGE: usize = 10;
+use crate::tuning::MAX_PUBLISHES_PER_MESSAGE;
 
 /// The two lanes of one pipeline.
 pub struct Lanes {
@@ -149,12 +146,11 @@ impl Forwarder {
         }
         // In flight on a main channel the broker closed: it may be the cause.
         let mut suspect = false;
-        for attempt in 0..MAX_PUBLISHES_PER_MESSAGE {
-            if attempt > 0 {
-                // Publishing again: a refusal learned meanwhile is an input
-                // of the plan, as it was of the decision.
-                pending.plan = self.checked(pending.plan);
-            }
+        for _ in 0..MAX_PUBLISHES_PER_MESSAGE {
+            // A refusal learned since the decision (during a hold, or from an
+            // earlier attempt) is an input of the plan, as it was of the
+            // decision.
+            pending.plan = self.checked(pending.plan);
             let careful = suspect || self.unverified(&pending.plan.action);
             let turn = if careful {
                 let turn = self.lanes.careful_turn.lock().await;

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tracing::debug;
+pub use crate::tuning::LATER_WHILE_DUE;
 
 pub struct PublishGate {
     permits: Semaphore,
@@ -132,11 +133,6 @@ impl Drop for Entry<'_> {
         }
     }
 }
-
-/// Publishes the expired pipeline starts at once while due publishes are
-/// in flight: few enough that a due publish waits behind little at the
-/// broker, enough that the expired queue keeps draining.
-pub const LATER_WHILE_DUE: usize = 16;
 
 /// The due lane before the rest, shared by one session's pipelines.
 #[derive(Debug)]

@@ -13,12 +13,9 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Connection};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-/// How often stale buckets are checked.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+pub use crate::tuning::SWEEP_EVERY;
 
 /// Records the topology's buckets plus every still-recorded stale bucket as
 /// the prefix's state, and returns the stale ones.

@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info, warn};
+pub use crate::tuning::HOLD_ROOM;
 
 /// One source queue's consumer and what it needs.
 pub struct Pipeline {
@@ -44,19 +45,6 @@ pub struct Pipeline {
     /// The due lane before the expired queue (shared by the session's pipelines).
     pub due_first: Arc<DueFirst>,
 }
-
-/// Deliveries the due lane's window has beyond `prefetch`, for holds.
-///
-/// A cascade message leaves its last bucket with up to [`HOLD_WITH_ROOM`]
-/// left, and the router times that itself while the delivery stays unacked.
-/// When a million come due over twenty minutes (about 830 a second), that is
-/// up to about 1,700 held at once; with holds capped at half of a 500
-/// window, most of them took one to three more buckets instead (the halving
-/// rungs), each a publish, a dead-lettering, a delivery and an ack for the
-/// broker. Held deliveries are
-/// unpublished, so they add no duplicates after a crash: they come back
-/// from the queue and are timed again.
-pub const HOLD_ROOM: u16 = 2_000;
 
 impl Pipeline {
     /// Deliveries this pipeline's window has beyond `prefetch` for holds:

@@ -3,10 +3,7 @@
 //! prefetch, so the router watches message sizes and lowers (or raises back)
 //! its `basic.qos` count to fit.
 
-/// Deliveries between two reconsiderations of the window.
-pub const RESIZE_EVERY: u64 = 256;
-/// A window is changed only when the new size differs by this factor or more.
-pub const RESIZE_FACTOR: f64 = 1.5;
+pub use crate::tuning::{RESIZE_EVERY, RESIZE_FACTOR};
 
 /// The prefetch window: chooses the prefetch count from observed message sizes.
 #[derive(Debug, Clone)]

@@ -20,11 +20,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+pub use crate::tuning::LIVE_FOR_INTERVALS;
 
 /// The header that marks a presence message: `heartbeat` or `probe`.
 pub const KIND: &str = "x-delay-router-presence";
-/// A router is live while it was heard within this many check intervals.
-pub const LIVE_FOR_INTERVALS: u32 = 3;
 
 /// One router as it announces itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -20,25 +20,9 @@ use crate::broker::{BrokerError, RPC_TIMEOUT, timed};
 use lapin::Channel;
 use lapin::options::BasicAckOptions;
 use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// The longest a settled delivery waits for others to share its ack. A
-/// router that dies meanwhile has these sent again (each keeps its
-/// message-id), as it would for any delivery in flight.
-pub const ACK_LINGER: Duration = Duration::from_millis(100);
-
-/// The longest settled deliveries wait behind an unsettled one before they
-/// are acked one by one. Acked one by one at once, the deliveries of a
-/// drain into a rung of two queues cost the ingress queue's process more a
-/// message than acks in runs.
-pub const GAP_WAIT: Duration = Duration::from_millis(20);
-
-/// Settled deliveries that are acked at once, without lingering. It bounds
-/// what a crash sends twice beyond the deliveries in flight: a larger batch
-/// doubled the chaos test's duplicates.
-pub const ACK_BATCH: usize = 16;
+pub use crate::tuning::{ACK_LINGER, GAP_WAIT, ACK_BATCH};
 
 /// What the settler learns, in order: a tag was delivered, or its replacement confirmed.
 #[derive(Debug, Clone, Copy)]
@@ -230,6 +214,7 @@ async fn linger(window: &mut AckWindow, rx: &mut mpsc::UnboundedReceiver<Event>)
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     #[test]
     fn the_settled_prefix_is_acked_with_multiple_the_rest_one_by_one_after_the_gap_wait() {

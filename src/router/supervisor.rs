@@ -12,12 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-
-/// First and longest wait between reconnect attempts.
-pub const RECONNECT_MIN: Duration = Duration::from_millis(200);
-pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
-/// A session that lived this long resets the reconnect backoff.
-pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+pub use crate::tuning::{RECONNECT_MIN, RECONNECT_MAX, HEALTHY_SESSION};
 
 /// Runs sessions until `stop`, or until the topology conflicts.
 pub async fn supervise(

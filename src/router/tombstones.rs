@@ -25,13 +25,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
+use crate::tuning::{CANCELS_PREFETCH as PREFETCH, CANCELS_ACK_EVERY as ACK_EVERY};
 
 /// Longest wait for a session to read the whole stream at start.
 pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
-/// Stream records in flight to the follower.
-const PREFETCH: u16 = 2000;
-/// Records acknowledged together.
-const ACK_EVERY: u64 = 500;
 
 /// Cancelled message-ids and when each stops mattering (ms since the Unix epoch).
 #[derive(Debug, Default)]
