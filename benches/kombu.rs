@@ -18,7 +18,10 @@
 //! Workload: BENCH_MESSAGES (10000) persistent messages, delays uniform in
 //! 1..60 s to the millisecond (kombu is given the delay rounded up to its
 //! whole second), published evenly over BENCH_SPREAD_SECS (20) seconds.
-//! BENCH_ROUNDS (2) rounds, each running both designs.
+//! BENCH_ROUNDS (2) rounds, each running both designs. BENCH_BASELINE=/path
+//! to another delay-router build runs it too in every round, beside the
+//! router (BENCH_BIN or the one `cargo bench` built), so that two builds are
+//! compared in the same rounds.
 //!
 //! kombu is installed from PyPI into a virtualenv (BENCH_VENV, default
 //! `target/tmp/kombu-venv`) on first use; its code is never part of this
@@ -57,6 +60,8 @@ fn url() -> String {
 #[derive(Clone, Copy, PartialEq)]
 enum Design {
     Router,
+    /// The router built from BENCH_BASELINE.
+    Baseline,
     Kombu,
 }
 
@@ -64,8 +69,13 @@ impl Design {
     fn name(self) -> &'static str {
         match self {
             Design::Router => "router (cascade, shipped ladder)",
+            Design::Baseline => "baseline router (BENCH_BASELINE)",
             Design::Kombu => "kombu native delayed delivery",
         }
+    }
+
+    fn is_router(self) -> bool {
+        self != Design::Kombu
     }
 }
 
@@ -256,7 +266,13 @@ async fn kombu_lane(conn: &Connection, w: &Workload, python: &Path, broker: u32)
     }
 }
 
-async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32) -> Measured {
+async fn router_lane(
+    conn: &Connection,
+    ch: &Channel,
+    w: &Workload,
+    broker: u32,
+    design: Design,
+) -> Measured {
     let url = url();
     let prefix = format!("kbench-{:06x}", rand::random::<u32>() & 0xff_ffff);
     let dest = format!("{prefix}.dest");
@@ -267,7 +283,13 @@ async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32)
     )
     .await
     .unwrap();
-    let router = RouterProcess::start(&url, &prefix, &[]).await;
+    let router = match (design, std::env::var_os("BENCH_BASELINE")) {
+        (Design::Baseline, Some(bin)) => {
+            let config = routerproc::config_path();
+            RouterProcess::start_binary(bin.as_ref(), &config, &url, &prefix, &[]).await
+        }
+        _ => RouterProcess::start(&url, &prefix, &[]).await,
+    };
     let target = Target::Router {
         exchange: router.exchange(),
         destination: (String::new(), dest.clone()),
@@ -282,7 +304,7 @@ async fn router_lane(conn: &Connection, ch: &Channel, w: &Workload, broker: u32)
     let delivered = router.scrape("delay_router_messages_delivered_total");
     router.stop_and_remove(ch, &[dest]).await;
     Measured {
-        design: Design::Router,
+        design,
         late,
         waits_per_msg: placed / delivered.max(1.0),
         window,
@@ -319,16 +341,21 @@ fn main() {
             .expect("broker");
         let ch = conn.create_channel().await.unwrap();
         let mut results = Vec::new();
+        let baseline = std::env::var_os("BENCH_BASELINE").is_some();
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [Design::Kombu, Design::Router]
-            } else {
-                [Design::Router, Design::Kombu]
-            };
+            let mut order = vec![Design::Kombu, Design::Router];
+            if baseline {
+                order.push(Design::Baseline);
+            }
+            if round % 2 == 1 {
+                order.reverse();
+            }
             for design in order {
                 println!("round {}: {}", round + 1, design.name());
                 let m = match design {
-                    Design::Router => router_lane(&conn, &ch, &w, broker).await,
+                    Design::Router | Design::Baseline => {
+                        router_lane(&conn, &ch, &w, broker, design).await
+                    }
                     Design::Kombu => kombu_lane(&conn, &w, &python, broker).await,
                 };
                 results.push((round + 1, m));
@@ -359,7 +386,7 @@ fn main() {
             m.late[m.late.len() - 1],
             m.waits_per_msg,
             m.per_msg(m.broker_us as f64),
-            if m.design == Design::Router {
+            if m.design.is_router() {
                 format!("{:.0} µs", m.per_msg(m.router_us as f64))
             } else {
                 "-".into()
@@ -367,33 +394,44 @@ fn main() {
             total,
             net,
             m.idle_us_per_s / 10_000.0,
-            if m.design == Design::Router {
+            if m.design.is_router() {
                 format!("{:.1} MiB", m.router_rss_kib as f64 / 1024.0)
             } else {
                 "-".into()
             },
         );
     }
-    let ratio = |f: &dyn Fn(&Measured) -> f64| {
-        let mut r: Vec<f64> = results
-            .chunks(2)
-            .map(|pair| {
-                let (a, b) = (&pair[0].1, &pair[1].1);
-                let (router, kombu) = if a.design == Design::Router {
-                    (a, b)
-                } else {
-                    (b, a)
+    // Per round: one design's figure over another's.
+    let ratio = |over: Design, under: Design, f: &dyn Fn(&Measured) -> f64| {
+        let mut r: Vec<f64> = (1..=rounds)
+            .filter_map(|round| {
+                let of = |d: Design| {
+                    results
+                        .iter()
+                        .find(|(r, m)| *r == round && m.design == d)
+                        .map(|(_, m)| f(m))
                 };
-                f(router) / f(kombu)
+                Some(of(over)? / of(under)?)
             })
             .collect();
         r.sort_by(|a, b| a.total_cmp(b));
         r
     };
-    let total = ratio(&|m| m.per_msg((m.broker_us + m.router_us) as f64));
-    let net = ratio(&|m| m.per_msg(m.broker_net_us() + m.router_us as f64));
+    let total = |m: &Measured| m.per_msg((m.broker_us + m.router_us) as f64);
+    let net = |m: &Measured| m.per_msg(m.broker_net_us() + m.router_us as f64);
     println!();
     println!(
-        "router / kombu, CPU per delayed message, per round: total {total:.2?}, net of broker idle {net:.2?}"
+        "router / kombu, CPU per delayed message, per round: total {:.2?}, net of broker idle {:.2?}",
+        ratio(Design::Router, Design::Kombu, &total),
+        ratio(Design::Router, Design::Kombu, &net)
     );
+    if results.iter().any(|(_, m)| m.design == Design::Baseline) {
+        println!(
+            "baseline / kombu, per round: total {:.2?}, net {:.2?}; router / baseline, per round: total {:.2?}, net {:.2?}",
+            ratio(Design::Baseline, Design::Kombu, &total),
+            ratio(Design::Baseline, Design::Kombu, &net),
+            ratio(Design::Router, Design::Baseline, &total),
+            ratio(Design::Router, Design::Baseline, &net)
+        );
+    }
 }

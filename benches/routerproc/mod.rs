@@ -65,11 +65,22 @@ impl RouterProcess {
         prefix: &str,
         env: &[(&str, &str)],
     ) -> Self {
-        let port = free_port();
         let bin = std::env::var_os("BENCH_BIN").map_or_else(
             || std::path::PathBuf::from(env!("CARGO_BIN_EXE_delay-router")),
             std::path::PathBuf::from,
         );
+        Self::start_binary(&bin, config, url, prefix, env).await
+    }
+
+    /// [`RouterProcess::start_with_config`] with the binary `bin`.
+    pub async fn start_binary(
+        bin: &std::path::Path,
+        config: &str,
+        url: &str,
+        prefix: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let port = free_port();
         let child = Command::new(bin)
             .args(["run", "--config", config])
             .env("DELAY_ROUTER__AMQP__URL", url)
