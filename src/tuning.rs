@@ -48,7 +48,7 @@ pub const ACK_BATCH: usize = 16;
 pub const LATER_WHILE_DUE: usize = 16;
 /// Unconfirmed publishes grow while a round's mean confirm latency is below this many times the base.
 pub const GROW_BELOW: f64 = 2.0;
-/// ... and shrink while it is above this many times the base.
+/// Unconfirmed publishes shrink while a round's mean confirm latency is above this many times the base.
 pub const SHRINK_ABOVE: f64 = 4.0;
 /// The fewest unconfirmed publishes allowed (never above the prefetch window).
 pub const FLOOR: usize = 32;

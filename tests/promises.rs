@@ -33,15 +33,6 @@ async fn destination(r: &Router, c: &Client, key: &str) -> (String, String) {
     (ex, q)
 }
 
-fn message_id(a: &Arrival) -> String {
-    a.delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|s| s.to_string())
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn round_up_a_delay_equal_to_a_rung_waits_exactly_that_rung() {
     let r = Router::start(&SHORT, ROUND_UP).await;
@@ -637,20 +628,6 @@ async fn nothing_is_lost_when_the_router_is_killed() {
 /// the router serves it in place of the plugin.
 fn plugin_exchange(name: &str, kind: &str) -> String {
     format!("[[delayed_exchange]]\nname = \"{name}\"\ntype = \"{kind}\"\n")
-}
-
-/// A header's value as an integer, whatever AMQP integer type carries it.
-fn integer(v: &AMQPValue) -> Option<i64> {
-    match v {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        _ => None,
-    }
 }
 
 #[tokio::test]

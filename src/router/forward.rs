@@ -154,13 +154,11 @@ impl Forwarder {
             let careful = suspect || self.unverified(&pending.plan.action);
             let turn = if careful {
                 let turn = self.lanes.careful_turn.lock().await;
-                // Earlier careful publishes may have settled the question.
+                // Earlier careful publishes may have settled the question:
+                // the destination took one, or refused one (the delivery is
+                // then a park, which is no longer unverified).
+                pending.plan = self.checked(pending.plan);
                 if !suspect && !self.unverified(&pending.plan.action) {
-                    continue;
-                }
-                let plan = self.checked(pending.plan.clone());
-                if plan != pending.plan {
-                    pending.plan = plan;
                     continue;
                 }
                 Some(turn)

@@ -44,12 +44,12 @@ pub fn from(
     cx: &Context<'_>,
 ) -> Action {
     let exchange = match source {
-        Source::Ingress => rules.names.router_exchange.to_string(),
-        Source::Expired | Source::Due => String::new(),
+        Source::Ingress => rules.names.router_exchange.as_str(),
+        Source::Expired | Source::Due => "",
     };
     let d = Delivery {
         source,
-        exchange: &exchange,
+        exchange,
         routing_key,
         properties: Cow::Borrowed(p),
         body: BODY,
