@@ -710,6 +710,116 @@ async fn a_plugin_publisher_keeps_its_code_and_x_delay_means_what_the_plugin_mea
     r.remove(&c).await;
 }
 
+/// `delay-router status` on the router's configuration: the line of each
+/// plugin exchange's waiting messages, as `(exchange, count)`.
+fn waiting_in_status(r: &Router) -> Vec<(String, String)> {
+    let out = std::process::Command::new(binary())
+        .args(["status", "--config"])
+        .arg(&r.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "status: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("waiting")).then(|| {
+                let exchange = words.next().unwrap_or_default().to_owned();
+                (exchange, words.last().unwrap_or_default().to_owned())
+            })
+        })
+        .collect()
+}
+
+/// The `delay_router_delayed_exchange_waiting` sample of `exchange`.
+async fn waiting_in_metrics(r: &Router, exchange: &str) -> Option<String> {
+    let metrics = http_get(r.metrics_port, "/metrics").await?;
+    let sample = format!("delay_router_delayed_exchange_waiting{{exchange=\"{exchange}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&sample).map(str::to_owned))
+}
+
+#[tokio::test]
+async fn a_plugin_exchange_counts_its_waiting_messages_through_a_router_restart() {
+    let prefix = format!("drp-{:08x}", rand::random::<u32>());
+    let plugin = format!("{prefix}.orders.delayed");
+    let mut r = Router::on(&prefix, &SHORT, &plugin_exchange(&plugin, "direct"));
+    r.wait_ready(Duration::from_secs(60)).await;
+    let c = Client::connect().await;
+    let q = r.name("inbox");
+    c.queue(
+        &q,
+        FieldTable::default(),
+        &format!("{plugin}.delivered"),
+        "eu",
+    )
+    .await;
+    // Five wait 6 s, two go at once.
+    for (i, delay) in [6_000, 6_000, 6_000, 6_000, 6_000, 0, 0]
+        .into_iter()
+        .enumerate()
+    {
+        let p = BasicProperties::default()
+            .with_message_id(format!("m{i}").into())
+            .with_headers(table(&[("x-delay", AMQPValue::LongInt(delay))]));
+        c.publish(&plugin, "eu", p, b"x").await;
+    }
+    let at_once = c.receive(&q, 2, Duration::from_secs(5)).await;
+    assert_eq!(at_once.len(), 2, "x-delay 0 goes at once");
+    let five = vec![(plugin.clone(), "5".to_owned())];
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while waiting_in_status(&r) != five && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        waiting_in_status(&r),
+        five,
+        "status counts the five waiting"
+    );
+    assert_eq!(
+        c.depth(&r.name(&format!("waiting.{plugin}"))).await,
+        Some(5),
+        "the broker's own count"
+    );
+    // The count is the broker's, not the router's memory: a router killed
+    // and started again counts the same.
+    r.kill_9();
+    r.restart().await;
+    assert_eq!(waiting_in_status(&r), five, "after a restart");
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while waiting_in_metrics(&r, &plugin).await.as_deref() != Some("5") {
+        assert!(
+            Instant::now() < deadline,
+            "metrics: {:?}",
+            waiting_in_metrics(&r, &plugin).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let later = c.receive(&q, 5, Duration::from_secs(12)).await;
+    assert_eq!(later.len(), 5, "the five arrive");
+    let zero = vec![(plugin.clone(), "0".to_owned())];
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while waiting_in_status(&r) != zero && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        waiting_in_status(&r),
+        zero,
+        "nothing waits once all arrived"
+    );
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while waiting_in_metrics(&r, &plugin).await.as_deref() != Some("0") {
+        assert!(
+            Instant::now() < deadline,
+            "metrics: {:?}",
+            waiting_in_metrics(&r, &plugin).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    r.remove(&c).await;
+}
+
 #[tokio::test]
 async fn a_plugin_message_no_queue_receives_is_parked_unroutable_when_due_not_before() {
     let prefix = format!("drp-{:08x}", rand::random::<u32>());

@@ -76,6 +76,9 @@ pub async fn declare(conn: &Connection, t: &Topology) -> Result<Vec<ShortString>
                 unversioned.push(q.clone());
             }
         }
+        for (q, args) in &t.waiting {
+            queue(&ch, q, args.clone()).await?;
+        }
         Ok(unversioned)
     }
     .await;

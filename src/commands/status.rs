@@ -1,6 +1,7 @@
 //! `delay-router status`: the node it asked and the broker's version, every
 //! running router of the prefix with the node each of its connections uses,
-//! then one line per bucket and the ingress, expired and parked depths.
+//! then one line per bucket, the ingress, expired and parked depths, and the
+//! messages waiting for each plugin exchange (`[[delayed_exchange]]`).
 
 use crate::broker::probe::{Prober, QueueInfo};
 use crate::broker::{self, BrokerError, close_connection, server};
@@ -61,6 +62,13 @@ pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
     queues.push(("expired".into(), names.expired.clone()));
     queues.push(("due".into(), names.due.clone()));
     queues.push(("parked".into(), names.parked.clone()));
+    // Each plugin exchange's waiting messages: its waiting queue's depth.
+    for x in &rules.delayed {
+        queues.push((
+            format!("waiting {}", x.name),
+            names.waiting(x.name.as_str()),
+        ));
+    }
     let mut prober = Prober::new(&conn);
     let mut out = Vec::with_capacity(queues.len());
     let mut failed = None;

@@ -548,6 +548,17 @@ fn validate_delayed_exchanges(
                 .map_err(|_| invalid(field, v, "not a valid exchange name".into()))
         };
         let name = name_of("name", &x.name)?;
+        if format!("{prefix}.waiting.{name}").len() > 255 {
+            return Err(invalid(
+                "name",
+                name.as_str(),
+                format!(
+                    "its waiting queue {}.waiting.<name> would be longer than AMQP's 255 bytes: \
+                     a shorter name or prefix",
+                    prefix
+                ),
+            ));
+        }
         let kind = x
             .kind
             .parse::<DelayedType>()

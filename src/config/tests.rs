@@ -484,6 +484,12 @@ fn delayed_exchanges_name_the_plugins_exchange_its_type_and_a_delivery_exchange(
         "[[delayed_exchange]]\nname = \"a\"\ntype = \"direct\"\n[[delayed_exchange]]\nname = \"a.delivered\"\ntype = \"direct\"",
     );
     assert!(e.contains("named twice"), "{e}");
+    // The waiting queue, <prefix>.waiting.<name>, must fit AMQP's 255 bytes.
+    let long = "x".repeat(255 - "delay.waiting.".len());
+    let fits = format!("[[bucket]]\nttl = \"1s\"\n[[delayed_exchange]]\nname = \"{long}\"\ntype = \"direct\"\ndeliver_to = \"d\"");
+    assert!(Config::from_toml(&fits).is_ok());
+    let e = bad(&format!("[[delayed_exchange]]\nname = \"{long}x\"\ntype = \"direct\"\ndeliver_to = \"d\""));
+    assert!(e.contains("longer than AMQP's 255 bytes"), "{e}");
     let e = bad("[[delayed_exchange]]\nname = \"a\"\ntype = \"direct\"\nttl = \"1s\"");
     assert!(e.contains("unknown field `ttl`"), "{e}");
 }

@@ -59,8 +59,15 @@ pub const SAVED_HEADERS: &str = "x-delay-router-saved-headers";
 /// (`expiration`, `delivery-mode`), kept aside until delivery.
 pub const SAVED_PROPERTIES: &str = "x-delay-router-saved-properties";
 
+/// Router bookkeeping: the plugin exchange ([`crate::core::delayed`]) a
+/// waiting message was published to. Such a message holds a token in that
+/// exchange's waiting queue (`<prefix>.waiting.<exchange>`) from its first
+/// bucket until it leaves the buckets; the queue's depth is the exchange's
+/// count of waiting messages.
+pub const COUNTED: &str = "x-delay-router-counted";
+
 /// Every transit header; none of them reaches the destination.
-pub const TRANSIT_HEADERS: [&str; 8] = [
+pub const TRANSIT_HEADERS: [&str; 9] = [
     TRANSIT,
     TRANSIT_EXCHANGE,
     TRANSIT_ROUTING_KEY,
@@ -69,6 +76,7 @@ pub const TRANSIT_HEADERS: [&str; 8] = [
     TRANSIT_LANE,
     SAVED_HEADERS,
     SAVED_PROPERTIES,
+    COUNTED,
 ];
 
 /// Headers RabbitMQ adds or updates when a bucket dead-letters a message.

@@ -15,12 +15,12 @@ mod guards;
 mod ingress;
 mod plan;
 
-pub use plan::{Action, Plan};
+pub use plan::{Action, Plan, Waiting};
 
 use crate::core::cancel;
 use crate::core::clock::Clock;
 use crate::core::contract::{self, Destination};
-use crate::core::delayed::DelayedExchange;
+use crate::core::delayed::{self, DelayedExchange};
 use crate::core::envelope::{self, Overrides, Transit, TransitFormat};
 use crate::core::identity;
 use crate::core::ladder::Ladder;
@@ -337,6 +337,7 @@ impl Rules {
             QueueType::Classic => d.properties,
         };
         let mut retry_policy = None;
+        let mut waiting = None;
         let action = match d.source {
             Source::Ingress => match self.delayed.iter().find(|x| x.name.as_str() == d.exchange) {
                 Some(plugin) => {
@@ -354,12 +355,16 @@ impl Rules {
                         cx.unit,
                         cx.hold_up_to,
                     );
-                    self.within_frame(
+                    let action = self.within_frame(
                         action,
                         || sender.into_owned(),
                         cx.clock.down_ms(),
                         cx.frame_max,
-                    )
+                    );
+                    if matches!(action, Action::Wait { .. }) {
+                        waiting = Some(Waiting::Enter(self.names.waiting(plugin.name.as_str())));
+                    }
+                    action
                 }
                 None => match self.cancel_request(&props, d.exchange, cx.clock.up_ms()) {
                     Some(action) => action,
@@ -388,13 +393,22 @@ impl Rules {
                 },
             },
             Source::Expired | Source::Due => {
+                let counted = delayed::counted_for(&props)
+                    .and_then(|name| self.delayed.iter().find(|x| x.name.as_str().as_bytes() == name));
                 let action = if cx.cancelled {
                     cancelled(&props, cx.clock.down_ms())
                 } else {
                     self.expired_holding(&props, cx.clock.down_ms(), cx.hold_up_to, cx.unit)
                 };
                 let sender = || envelope::sender_properties(&props);
-                self.within_frame(action, sender, cx.clock.down_ms(), cx.frame_max)
+                let action = self.within_frame(action, sender, cx.clock.down_ms(), cx.frame_max);
+                // Delivered or parked, it leaves the buckets and its count.
+                if let Some(x) = counted
+                    && matches!(action, Action::Deliver { .. } | Action::Park { .. })
+                {
+                    waiting = Some(Waiting::Leave(self.names.waiting(x.name.as_str())));
+                }
+                action
             }
         };
         Plan {
@@ -402,6 +416,7 @@ impl Rules {
             decided_ms: cx.clock.down_ms(),
             frame_max: cx.frame_max,
             retry_policy,
+            waiting,
         }
         .checked(cx.refused)
     }

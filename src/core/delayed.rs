@@ -10,6 +10,7 @@
 //! unreadable, too long) is routed at once. A message that waited arrives
 //! with `x-delay` rewritten to minus its delay.
 
+use crate::core::contract::COUNTED;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use std::fmt;
@@ -138,6 +139,25 @@ pub fn rewritten(p: &BasicProperties, delay_ms: u64) -> BasicProperties {
     let mut headers = p.headers().clone().unwrap_or_default();
     headers.insert(X_DELAY.into(), delivered_value(delay_ms));
     p.clone().with_headers(headers)
+}
+
+/// Properties in a bucket marked as counted for the plugin exchange
+/// `exchange` ([`COUNTED`]): the message holds a token in its waiting queue.
+pub fn counted(p: &BasicProperties, exchange: &ShortString) -> BasicProperties {
+    let mut headers = p.headers().clone().unwrap_or_default();
+    headers.insert(
+        COUNTED.into(),
+        AMQPValue::LongString(exchange.as_str().into()),
+    );
+    p.clone().with_headers(headers)
+}
+
+/// The plugin exchange a message out of a bucket is counted for, if any.
+pub fn counted_for(p: &BasicProperties) -> Option<&[u8]> {
+    match p.headers().as_ref()?.inner().get(COUNTED)? {
+        AMQPValue::LongString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
 }
 
 /// `x-delay` on the router exchange, as an alias of `x-requested-delay`:

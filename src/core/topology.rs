@@ -104,10 +104,17 @@ impl Names {
             || queue
                 .strip_prefix(self.prefix.as_str())
                 .is_some_and(|rest| {
-                    [".bucket.", ".pbucket.", ".presence."]
+                    [".bucket.", ".pbucket.", ".presence.", ".waiting."]
                         .iter()
                         .any(|own| rest.starts_with(own))
                 })
+    }
+
+    /// `<prefix>.waiting.<exchange>`: one token for each message published
+    /// to the plugin exchange `exchange` that waits in a bucket; its depth
+    /// is that exchange's count of waiting messages.
+    pub fn waiting(&self, exchange: &str) -> ShortString {
+        format!("{}.waiting.{exchange}", self.prefix).into()
     }
 
     /// The exclusive queue a router (or `status`) listens on for presence.
@@ -168,6 +175,9 @@ pub struct Topology {
     /// each declared as a fanout bound to the ingress queue, and its
     /// delivery exchange of the plugin exchange's type.
     pub delayed: Vec<crate::core::delayed::DelayedExchange>,
+    /// The waiting queue of each plugin exchange ([`Names::waiting`]), with
+    /// its arguments.
+    pub waiting: Vec<(ShortString, FieldTable)>,
 }
 
 impl Topology {
@@ -204,6 +214,7 @@ impl Topology {
                 cancels_arguments(DEFAULT_CANCEL_KEEP),
             ),
             delayed: Vec::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -212,8 +223,21 @@ impl Topology {
         mut self,
         delayed: Vec<crate::core::delayed::DelayedExchange>,
     ) -> Self {
+        self.waiting = delayed
+            .iter()
+            .map(|x| (self.names.waiting(x.name.as_str()), queue_arguments(self.queue_type)))
+            .collect();
         self.delayed = delayed;
         self
+    }
+
+    /// The plugin exchange whose waiting queue `queue` is.
+    pub fn waiting_for(&self, queue: &str) -> Option<&ShortString> {
+        self.waiting
+            .iter()
+            .zip(&self.delayed)
+            .find(|((q, _), _)| q.as_str() == queue)
+            .map(|(_, x)| &x.name)
     }
 
     /// Every exchange the router declares: its own, then each plugin

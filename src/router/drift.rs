@@ -19,7 +19,7 @@
 use super::stats::Stats;
 use crate::broker::probe::{self, Prober};
 use crate::broker::{BrokerError, declare};
-use crate::core::topology::{Names, Topology};
+use crate::core::topology::Topology;
 use lapin::Connection;
 use lapin::types::ShortString;
 use std::time::Duration;
@@ -44,11 +44,12 @@ pub async fn survey(
         .own_queues()
         .into_iter()
         .chain(t.buckets.iter().map(|(q, _)| q))
+        .chain(t.waiting.iter().map(|(q, _)| q))
         .collect();
     if let Some(infos) = probe::all_present(conn, &exchanges, &queues).await? {
         if let Some(stats) = stats {
             for (queue, info) in queues.iter().zip(&infos) {
-                record_depth(stats, names, queue, info.messages);
+                record_depth(stats, t, queue, info.messages);
             }
         }
         return Ok(Vec::new());
@@ -65,13 +66,14 @@ pub async fn survey(
         let queues = names
             .own_queues()
             .into_iter()
-            .chain(t.buckets.iter().map(|(q, _)| q));
+            .chain(t.buckets.iter().map(|(q, _)| q))
+            .chain(t.waiting.iter().map(|(q, _)| q));
         for queue in queues {
             match prober.queue(queue).await? {
                 None => gone.push(format!("queue {queue}")),
                 Some(info) => {
                     if let Some(stats) = stats {
-                        record_depth(stats, names, queue, info.messages);
+                        record_depth(stats, t, queue, info.messages);
                     }
                 }
             }
@@ -83,8 +85,14 @@ pub async fn survey(
     found.map(|()| gone)
 }
 
-/// A polled depth, as a bucket gauge or one of the router's own queues'.
-fn record_depth(stats: &Stats, names: &Names, queue: &ShortString, messages: u32) {
+/// A polled depth, as a bucket gauge, a plugin exchange's waiting count or
+/// one of the router's own queues'.
+fn record_depth(stats: &Stats, t: &Topology, queue: &ShortString, messages: u32) {
+    let names = &t.names;
+    if let Some(exchange) = t.waiting_for(queue.as_str()) {
+        stats.set_waiting(exchange.as_str(), messages);
+        return;
+    }
     let role = if queue == &names.ingress {
         "ingress"
     } else if queue == &names.expired {

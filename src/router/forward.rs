@@ -20,14 +20,20 @@ use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::BrokerError;
 use crate::broker::publish::{Message, Outcome, Publisher};
-use crate::core::decision::{Action, Plan, Rules, Source};
+use crate::broker::{self, RPC_TIMEOUT, timed};
+use crate::core::decision::{Action, Plan, Rules, Source, Waiting};
+use crate::core::envelope::PERSISTENT;
+use lapin::BasicProperties;
+use lapin::options::BasicGetOptions;
+use lapin::types::ShortString;
+use lapin::Channel;
 use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
 use lapin::Connection;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 use crate::tuning::MAX_PUBLISHES_PER_MESSAGE;
 
 /// The two lanes of one pipeline.
@@ -43,6 +49,10 @@ pub struct Lanes {
     /// Held for the whole of one careful publish, so the careful channel
     /// never has two publishes in flight.
     careful_turn: tokio::sync::Mutex<()>,
+    /// Takes tokens from the plugin exchanges' waiting queues; opened at the
+    /// first counted message that leaves, again after a failure.
+    tokens: tokio::sync::Mutex<Option<Channel>>,
+    conn: Arc<Connection>,
 }
 
 impl Lanes {
@@ -54,9 +64,30 @@ impl Lanes {
         }
         Ok(Self {
             main,
-            careful: Publisher::open(conn).await?,
+            careful: Publisher::open(conn.clone()).await?,
             careful_turn: tokio::sync::Mutex::new(()),
+            tokens: tokio::sync::Mutex::new(None),
+            conn,
         })
+    }
+
+    /// Takes one token from `queue` (a waiting queue): whether there was one.
+    async fn take_token(&self, queue: &ShortString) -> Result<bool, BrokerError> {
+        let mut slot = self.tokens.lock().await;
+        let ch = match slot.as_ref().filter(|ch| ch.status().connected()) {
+            Some(ch) => ch.clone(),
+            None => slot.insert(broker::channel(&self.conn).await?).clone(),
+        };
+        let taken = timed(
+            "basic.get (a waiting queue's token)",
+            RPC_TIMEOUT,
+            ch.basic_get(queue.clone(), BasicGetOptions { no_ack: true }),
+        )
+        .await;
+        if taken.is_err() {
+            *slot = None;
+        }
+        Ok(taken?.is_some())
     }
 
     /// The main channel an action publishes on.
@@ -210,6 +241,11 @@ impl Forwarder {
                     if let Some(policy) = &pending.plan.retry_policy {
                         self.stats.record_retry(policy);
                     }
+                    // Before the ack: a router that stops between the two
+                    // counts the message again when it is delivered again.
+                    if let Some(waiting) = &pending.plan.waiting {
+                        self.count(waiting).await?;
+                    }
                     return self.settled(pending.tag);
                 }
                 (Outcome::Returned, Action::Deliver { .. }) => {
@@ -253,6 +289,39 @@ impl Forwarder {
             queue: pending.plan.action.route(&self.rules.names).1.to_string(),
             attempts: MAX_PUBLISHES_PER_MESSAGE,
         })
+    }
+
+    /// Carries out a change to a plugin exchange's count of waiting
+    /// messages. A token that cannot be published or taken is a count off by
+    /// one, logged; the message itself is already where its plan put it.
+    async fn count(&self, waiting: &Waiting) -> Result<(), SessionError> {
+        match waiting {
+            Waiting::Enter(queue) => {
+                let message = Message {
+                    exchange: &ShortString::from(""),
+                    routing_key: queue,
+                    properties: &BasicProperties::default().with_delivery_mode(PERSISTENT),
+                    data: &Arc::new(Vec::new()),
+                };
+                let outcome = self.lanes.main[0].publish(message).await?;
+                if outcome != Outcome::Confirmed {
+                    self.stats.record_miscount();
+                    warn!(queue = %queue, outcome = ?outcome, "a waiting message was not counted: its token was not taken");
+                }
+            }
+            Waiting::Leave(queue) => match self.lanes.take_token(queue).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.stats.record_miscount();
+                    debug!(queue = %queue, "a counted message left with no token to take (counted by a router that stopped first, or placed before counting)");
+                }
+                Err(e) => {
+                    self.stats.record_miscount();
+                    warn!(queue = %queue, error = %e, "a message that left is still counted: its token could not be taken");
+                }
+            },
+        }
+        Ok(())
     }
 
     /// The plan's delivery becomes the park the plan says for `failure`.

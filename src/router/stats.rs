@@ -34,9 +34,10 @@ pub const HOP_BUCKETS: [f64; 10] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0
 
 /// Sample names of the families with labels, which a scrape shows only
 /// once they have a child (a retry of a policy, the first poll of a bucket).
-const LABELLED: [&str; 6] = [
+const LABELLED: [&str; 7] = [
     "delay_router_retries_total",
     "delay_router_delayed_exchange_messages_total",
+    "delay_router_delayed_exchange_waiting",
     "delay_router_bucket_messages",
     "delay_router_queue_messages",
     "delay_router_connected_node",
@@ -57,6 +58,11 @@ struct PolicyLabel {
 struct DelayedLabel {
     exchange: String,
     event: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExchangeLabel {
+    exchange: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,6 +103,8 @@ pub struct Stats {
     delayed: Family<DelayedLabel, Counter>,
     /// Each plugin exchange's delivery exchange and its own name.
     delayed_names: std::sync::OnceLock<Vec<(String, String)>>,
+    waiting: Family<ExchangeLabel, Gauge>,
+    miscounts: Counter,
     sessions: Counter,
     reconnects: Counter,
     suspects: Counter,
@@ -166,6 +174,8 @@ impl Stats {
             retries: Family::default(),
             delayed: Family::default(),
             delayed_names: std::sync::OnceLock::new(),
+            waiting: Family::default(),
+            miscounts: Counter::default(),
             sessions: Counter::default(),
             reconnects: Counter::default(),
             suspects: Counter::default(),
@@ -243,6 +253,18 @@ impl Stats {
             "Messages of each delayed-message-exchange plugin exchange the router serves: \
              received (taken from publishers) and delivered (to its delivery exchange)",
             self.delayed.clone(),
+        );
+        r.register(
+            "delay_router_delayed_exchange_waiting",
+            "Messages published to each delayed-message-exchange plugin exchange that wait in the \
+             buckets: the depth of its waiting queue, as last polled",
+            self.waiting.clone(),
+        );
+        r.register(
+            "delay_router_waiting_miscounts",
+            "Changes to a plugin exchange's waiting count this router could not make (a token \
+             not published, not taken, or none to take): how far the counts may be off",
+            self.miscounts.clone(),
         );
         r.register(
             "delay_router_sessions",
@@ -515,6 +537,20 @@ impl Stats {
     }
 
     /// Counts a publish caught on a channel the broker closed.
+    /// Counts a change to a waiting count that could not be made.
+    pub fn record_miscount(&self) {
+        self.miscounts.inc();
+    }
+
+    /// A plugin exchange's count of waiting messages, as last polled.
+    pub fn set_waiting(&self, exchange: &str, messages: u32) {
+        self.waiting
+            .get_or_create(&ExchangeLabel {
+                exchange: exchange.to_owned(),
+            })
+            .set(i64::from(messages));
+    }
+
     pub fn record_suspect(&self) {
         self.suspects.inc();
     }

@@ -2,7 +2,7 @@
 //! and what becomes of a delivery its destination does not take.
 
 use crate::testkit::decide;
-use super::tests::{NOW, rules};
+use super::tests::{NOW, rules, rules_for};
 use super::*;
 use crate::core::clock::Clock;
 use crate::core::contract::ORIGINAL_EXCHANGE;
@@ -95,6 +95,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
         decided_ms: NOW,
         frame_max: 131_072,
         retry_policy: None,
+        waiting: None,
     };
     let Action::Park { reason, properties } = plan.failed(Failure::Returned) else {
         panic!("a failed delivery is parked")
@@ -118,6 +119,7 @@ fn a_delivery_the_destination_does_not_take_is_parked_with_the_reason() {
         decided_ms: NOW,
         frame_max: 131_072,
         retry_policy: None,
+        waiting: None,
     };
     assert_eq!(
         placed.failed(Failure::Nacked),
@@ -371,4 +373,80 @@ fn a_remembered_refusal_is_an_input_of_the_decision() {
     );
     assert!(matches!(plan.action, Action::Deliver { .. }));
     assert!(matches!(plan.checked(&refused).action, Action::Park { .. }));
+}
+
+#[test]
+fn a_plugin_message_is_counted_from_its_first_bucket_until_it_leaves_them() {
+    use crate::core::contract::COUNTED;
+    use crate::core::delayed::{DelayedExchange, DelayedType};
+    let rules = rules_for(crate::core::placement::PlacementStrategy::Cascade).with_delayed_exchanges(
+        vec![DelayedExchange {
+            name: "orders.delayed".into(),
+            kind: DelayedType::Topic,
+            deliver_to: "orders.delayed.delivered".into(),
+        }],
+    );
+    let queue: ShortString = "t.waiting.orders.delayed".into();
+    let at = |source, exchange: &str, p: &BasicProperties, now_ms, cancelled| {
+        let cx = Context {
+            cancelled,
+            ..Context::at(Clock::at_ms(now_ms))
+        };
+        let d = Delivery {
+            source,
+            exchange,
+            routing_key: &"eu.created".into(),
+            properties: Cow::Borrowed(p),
+            body: b"body",
+        };
+        rules.decide(d, &cx)
+    };
+    let has_mark = |p: &BasicProperties| p.headers().as_ref().is_some_and(|h| h.contains_key(COUNTED));
+    // Published to the plugin exchange with 4 s to wait: counted once its bucket has it.
+    let p = props(&[("x-delay", AMQPValue::LongInt(4000))]).with_message_id("m".into());
+    let first = at(Source::Ingress, "orders.delayed", &p, NOW, false);
+    assert_eq!(first.waiting, Some(Waiting::Enter(queue.clone())));
+    let Action::Wait { properties: placed, .. } = &first.action else {
+        panic!("4 s waits in a bucket: {:?}", first.action)
+    };
+    assert!(has_mark(placed));
+    // Placed again on the way down the ladder: still counted, no change.
+    let again = at(Source::Expired, "", placed, NOW + 2000, false);
+    let Action::Wait { properties: replaced, .. } = &again.action else {
+        panic!("2 s left is placed again under cascade: {:?}", again.action)
+    };
+    assert_eq!(again.waiting, None);
+    assert!(has_mark(replaced));
+    // Delivered: it leaves the count, and the mark does not reach the consumer.
+    let due = at(Source::Expired, "", replaced, NOW + 4000, false);
+    let Action::Deliver { properties: delivered, destination, .. } = &due.action else {
+        panic!("due: {:?}", due.action)
+    };
+    assert_eq!(destination.exchange.as_str(), "orders.delayed.delivered");
+    assert!(!has_mark(delivered));
+    assert_eq!(due.waiting, Some(Waiting::Leave(queue.clone())));
+    // Cancelled: parked, and it leaves the count too.
+    let cancelled = at(Source::Expired, "", replaced, NOW + 4000, true);
+    assert!(matches!(cancelled.action, Action::Park { .. }));
+    assert_eq!(cancelled.waiting, Some(Waiting::Leave(queue.clone())));
+    // What never waits in a bucket is never counted.
+    let now = props(&[("x-delay", AMQPValue::LongInt(0))]).with_message_id("n".into());
+    let at_once = at(Source::Ingress, "orders.delayed", &now, NOW, false);
+    assert!(matches!(at_once.action, Action::Deliver { .. }));
+    assert_eq!(at_once.waiting, None);
+    // The router exchange's messages are not counted, and a sender cannot
+    // forge the mark: a message that waits leaves without it.
+    let forged = props(&[
+        ("x-requested-delay", AMQPValue::LongInt(4000)),
+        (ORIGINAL_EXCHANGE, s("orders.delayed.delivered")),
+        (COUNTED, s("orders.delayed")),
+    ])
+    .with_message_id("f".into());
+    let routed = at(Source::Ingress, "t.router", &forged, NOW, false);
+    assert_eq!(routed.waiting, None);
+    let Action::Wait { properties: unmarked, .. } = &routed.action else {
+        panic!("4 s waits: {:?}", routed.action)
+    };
+    assert!(!has_mark(unmarked));
+    assert_eq!(at(Source::Expired, "", unmarked, NOW + 4000, false).waiting, None);
 }

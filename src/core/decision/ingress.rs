@@ -134,7 +134,12 @@ impl Rules {
             deadline_ms: now_ms.saturating_add(ms),
             hops: 0,
         };
-        let action = self.schedule(&properties, transit, wait, true, hold_up_to, unit);
+        let mut action = self.schedule(&properties, transit, wait, true, hold_up_to, unit);
+        // Counted while it waits in the buckets: its token goes to the
+        // exchange's waiting queue once the bucket has it.
+        if let Action::Wait { properties, .. } = &mut action {
+            *properties = delayed::counted(properties, &plugin.name);
+        }
         self.publishable(action, now_ms)
     }
 

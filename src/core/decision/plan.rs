@@ -81,6 +81,21 @@ pub struct Plan {
     pub frame_max: u32,
     /// The retry policy that scheduled this attempt (zero-code retries).
     pub retry_policy: Option<String>,
+    /// What the action changes in a plugin exchange's count of waiting
+    /// messages, once the broker has taken it.
+    pub waiting: Option<Waiting>,
+}
+
+/// A change to a plugin exchange's count of waiting messages: its waiting
+/// queue ([`Names::waiting`]) holds one token for each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    /// A message from the plugin exchange entered its first bucket: publish
+    /// a token to this queue.
+    Enter(ShortString),
+    /// A counted message left the buckets (delivered or parked): take a
+    /// token from this queue.
+    Leave(ShortString),
 }
 
 impl Plan {
