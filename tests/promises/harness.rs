@@ -146,14 +146,28 @@ impl Router {
 
     /// The router on `prefix` connecting to `url` (another user), started.
     pub fn on_url(prefix: &str, url: &str, ladder: &[&str], extra: &str) -> Self {
+        Self::on_url_typed(prefix, url, &queue_type(), ladder, extra)
+    }
+
+    /// The router on `prefix` with buckets of `queue_type`, started.
+    pub fn on_typed(prefix: &str, queue_type: &str, ladder: &[&str], extra: &str) -> Self {
+        Self::on_url_typed(prefix, &url(), queue_type, ladder, extra)
+    }
+
+    fn on_url_typed(
+        prefix: &str,
+        url: &str,
+        queue_type: &str,
+        ladder: &[&str],
+        extra: &str,
+    ) -> Self {
         let metrics_port = free_port();
         let dir = std::env::temp_dir();
         let config = dir.join(format!("{prefix}.toml"));
         let log = dir.join(format!("{prefix}.log"));
         let mut toml = format!(
-            "[amqp]\nurl = \"{url}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{}\"\n\
+            "[amqp]\nurl = \"{url}\"\n[topology]\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n{extra}\n",
-            queue_type()
         );
         for rung in ladder {
             toml.push_str(&format!("[[bucket]]\nttl = \"{rung}\"\n"));
@@ -287,6 +301,27 @@ pub struct Arrival {
 impl Client {
     pub async fn connect() -> Self {
         Self::connect_to(&url()).await
+    }
+
+    /// A connection once the broker answers again (after a restart),
+    /// trying for `within`.
+    pub async fn connect_within(within: Duration) -> Self {
+        let deadline = Instant::now() + within;
+        loop {
+            match Connection::connect(&url(), ConnectionProperties::default()).await {
+                Ok(conn) => {
+                    let ch = Self::channel_of(&conn).await;
+                    return Self { conn, ch };
+                }
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "RabbitMQ did not answer within {within:?}: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
     }
 
     pub async fn connect_to(url: &str) -> Self {
