@@ -18,18 +18,15 @@ use super::destinations::Destinations;
 use super::gate::{DueFirst, PublishGate};
 use super::settle::{self, Settler};
 use super::stats::Stats;
-use crate::broker::BrokerError;
 use crate::broker::publish::{Message, Outcome, Publisher};
-use crate::broker::{self, RPC_TIMEOUT, timed};
+use crate::broker::{self, BrokerError, RPC_TIMEOUT, timed};
 use crate::core::decision::{Action, Plan, Rules, Source, Waiting};
 use crate::core::envelope::PERSISTENT;
-use lapin::BasicProperties;
-use lapin::options::BasicGetOptions;
-use lapin::types::ShortString;
-use lapin::Channel;
 use crate::core::parking::Failure;
 use crate::core::reasons::exchange_label;
-use lapin::Connection;
+use lapin::options::BasicGetOptions;
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Connection};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
@@ -241,8 +238,9 @@ impl Forwarder {
                     if let Some(policy) = &pending.plan.retry_policy {
                         self.stats.record_retry(policy);
                     }
-                    // Before the ack: a router that stops between the two
-                    // counts the message again when it is delivered again.
+                    // Before the ack: a router that stops in between leaves
+                    // the delivery unacked, and the broker's redelivery
+                    // changes the count again (one off at worst), never not.
                     if let Some(waiting) = &pending.plan.waiting {
                         self.count(waiting).await?;
                     }
@@ -313,7 +311,7 @@ impl Forwarder {
                 Ok(true) => {}
                 Ok(false) => {
                     self.stats.record_miscount();
-                    debug!(queue = %queue, "a counted message left with no token to take (counted by a router that stopped first, or placed before counting)");
+                    debug!(queue = %queue, "a counted message left with no token to take: the count was already low");
                 }
                 Err(e) => {
                     self.stats.record_miscount();
