@@ -393,7 +393,10 @@ impl Rules {
                 },
             },
             Source::Expired | Source::Due => {
-                let counted = delayed::counted_for(&props)
+                // Only a router serving plugin exchanges looks for the mark.
+                let counted = (!self.delayed.is_empty())
+                    .then(|| delayed::counted_for(&props))
+                    .flatten()
                     .and_then(|name| self.delayed.iter().find(|x| x.name.as_str().as_bytes() == name));
                 let action = if cx.cancelled {
                     cancelled(&props, cx.clock.down_ms())

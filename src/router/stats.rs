@@ -536,7 +536,6 @@ impl Stats {
         self.reconnects.inc();
     }
 
-    /// Counts a publish caught on a channel the broker closed.
     /// Counts a change to a waiting count that could not be made.
     pub fn record_miscount(&self) {
         self.miscounts.inc();
@@ -551,6 +550,7 @@ impl Stats {
             .set(i64::from(messages));
     }
 
+    /// Counts a publish caught on a channel the broker closed.
     pub fn record_suspect(&self) {
         self.suspects.inc();
     }
