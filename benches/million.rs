@@ -295,11 +295,7 @@ async fn run(n: usize, min_ms: u64, max_ms: u64, queue_type: &str) {
     let depths = (depth_every > 0).then(|| {
         let rules = routerproc::rules(&prefix);
         let names = &rules.names;
-        let mut queues = vec![
-            names.ingress.clone(),
-            names.due.clone(),
-            names.expired.clone(),
-        ];
+        let mut queues = vec![names.ingress.clone(), names.expired.clone()];
         queues.extend(rules.topology().bucket_names());
         let (stop, conn) = (drained.clone(), conn.clone());
         tokio::spawn(async move {

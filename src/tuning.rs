@@ -21,8 +21,6 @@ pub const ROUND_UP_WITHIN: Duration = Duration::from_millis(10);
 pub const MAX_LAPS: u32 = 5;
 /// Most laps where a rung's multiples reach two rungs up (`1m` to `29m` on the shipped ladder).
 pub const MAX_REACH_LAPS: u32 = 30;
-/// What is due within this long of leaving its bucket goes to the due lane, served first; below the shipped second rung.
-pub const DUE_WITHIN: Duration = Duration::from_secs(60);
 /// Queues a classic rung has: a classic queue's process paces a drain, and two place faster than one.
 pub const CLASSIC_BUCKET_SHARDS: u8 = 2;
 /// Queues a quorum rung has: one already places as fast as the shovel, and each is a Raft group on every node.
@@ -30,7 +28,7 @@ pub const QUORUM_BUCKET_SHARDS: u8 = 1;
 
 // Holding, acking and the publish window (router).
 
-/// Deliveries the due lane's window has beyond `prefetch` for holds: room for a burst coming due at once, each held unacked.
+/// Deliveries the expired queue's window has beyond `prefetch` for holds (cascade): room for a burst coming due at once, each held unacked.
 pub const HOLD_ROOM: u16 = 2_000;
 /// Bytes in flight per consumer: the prefetch window shrinks for large messages.
 pub const INFLIGHT_BYTES: u64 = 64 << 20;
@@ -44,8 +42,6 @@ pub const ACK_LINGER: Duration = Duration::from_millis(100);
 pub const GAP_WAIT: Duration = Duration::from_millis(20);
 /// Settled deliveries acked at once without lingering: it bounds what a crash sends twice beyond those in flight.
 pub const ACK_BATCH: usize = 16;
-/// Expired-lane publishes started while due ones are in flight: a due publish waits behind little.
-pub const LATER_WHILE_DUE: usize = 16;
 /// Unconfirmed publishes grow while a round's mean confirm latency is below this many times the base.
 pub const GROW_BELOW: f64 = 2.0;
 /// Unconfirmed publishes shrink while a round's mean confirm latency is above this many times the base.

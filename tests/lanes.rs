@@ -1,26 +1,23 @@
-//! The lanes: what a bucket expires reaches the router through `<prefix>.lanes`,
-//! which sorts a message due soon after its bucket into `<prefix>.due` and
-//! passes the rest to `<prefix>.expired`. Checked on the broker itself (the
-//! dead-lettering, the exchange-to-exchange binding, the headers match and
-//! the alternate exchange) with classic and with quorum buckets, and over
-//! the topology an earlier version declared.
+//! The lanes: what a bucket expires reaches the router through
+//! `<prefix>.lanes`, a headers exchange with no binding of its own, whose
+//! alternate exchange passes everything to `<prefix>.expired`. Checked on
+//! the broker itself (the dead-lettering, the exchange-to-exchange binding
+//! and the alternate exchange) with classic and with quorum buckets, over
+//! the topology an earlier version declared, and through the retirement of
+//! an earlier version's due lane (`<prefix>.due`).
 
 mod common;
 use common::*;
+use delay_router::core::contract::{DUE_LANE, TRANSIT_LANE};
 use delay_router::core::decision::{Action, Rules};
+use delay_router::core::topology::retired_due_binding;
 use delay_router::testkit::decide;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, QueueBindOptions};
+use lapin::options::{BasicPublishOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const QUORUM: &str = "[topology]\nqueue_type = \"quorum\"\n";
-/// A short due lane, so that a test ladder has messages on both sides of it.
-/// The due lane takes what is due within 1 s of its bucket's expiry (built
-/// in at 1 m).
-fn due_within_1s(c: &mut delay_router::config::Config) {
-    c.due_within = std::time::Duration::from_secs(1);
-}
 
 fn delayed(ms: i64, to: &str) -> BasicProperties {
     let mut h = FieldTable::default();
@@ -41,10 +38,10 @@ fn delayed(ms: i64, to: &str) -> BasicProperties {
         .with_headers(h)
 }
 
-/// Where the core places a message of `ms` at ingress: the bucket and the
-/// properties it waits there with.
-fn placement(rules: &Rules, ms: i64) -> (ShortString, BasicProperties) {
-    match decide::ingress(rules, &"k".into(), &delayed(ms, "nowhere"), 0, 0.0) {
+/// Where the core places a message of `ms` for queue `to`, placed at
+/// `now_ms`: the bucket and the properties it waits there with.
+fn placement(rules: &Rules, ms: i64, to: &str, now_ms: i64) -> (ShortString, BasicProperties) {
+    match decide::ingress(rules, &"k".into(), &delayed(ms, to), now_ms, 0.0) {
         Action::Wait {
             queue, properties, ..
         } => (queue, properties),
@@ -52,64 +49,94 @@ fn placement(rules: &Rules, ms: i64) -> (ShortString, BasicProperties) {
     }
 }
 
+/// `p` with the lane mark an earlier version wrote on what it sorted into
+/// its due lane.
+fn marked(p: &BasicProperties) -> BasicProperties {
+    let mut h = p.headers().clone().unwrap_or_default();
+    h.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
+    p.clone().with_headers(h)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+async fn publish_to(h: &Harness, exchange: &str, key: &str, props: &BasicProperties) {
+    let confirm =
+        h.ch.basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            b"m",
+            props.clone(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(
+        confirm,
+        lapin::Confirmation::Ack(None),
+        "into {exchange}/{key}"
+    );
+}
+
 /// Places messages in their buckets as the router would (no router runs),
-/// waits for the buckets to expire them, and counts where they arrived.
-async fn sorted_by_the_broker(extra: &str) {
-    let h = Harness::tuned(&["1s", "2s"], extra, due_within_1s).await;
+/// some with an earlier version's lane mark, waits for the buckets to
+/// expire them, and counts where they arrived: all in the expired queue.
+async fn expired_into_the_expired_queue(extra: &str) {
+    let h = Harness::new(&["1s", "2s"], extra).await;
     let rules = Rules::from_config(&h.config);
     delay_router::broker::declare::declare(&h.conn, &rules.topology())
         .await
         .unwrap();
-    // 1.2 s: the 1s bucket, 0.2 s left after it; 5.5 s: two laps of 2s (the
-    // 4s bucket cascade adds), 1.5 s left.
-    let (soon_bucket, soon) = placement(&rules, 1200);
-    let (later_bucket, later) = placement(&rules, 5500);
+    // 1.2 s: the 1s bucket; 5.5 s: two laps of 2s (the 4s bucket cascade adds).
+    let (soon_bucket, soon) = placement(&rules, 1200, "nowhere", 0);
+    let (later_bucket, later) = placement(&rules, 5500, "nowhere", 0);
     assert_eq!(later_bucket.as_str(), format!("{}.bucket.4s", h.prefix));
     assert_ne!(soon_bucket, later_bucket);
-    for (bucket, props, n) in [(&soon_bucket, &soon, 3), (&later_bucket, &later, 2)] {
+    for (bucket, props, n) in [
+        (&soon_bucket, soon.clone(), 2),
+        (&soon_bucket, marked(&soon), 1),
+        (&later_bucket, later.clone(), 1),
+        (&later_bucket, marked(&later), 1),
+    ] {
         for _ in 0..n {
-            let confirm =
-                h.ch.basic_publish(
-                    "".into(),
-                    bucket.clone(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    b"m",
-                    props.clone(),
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            assert_eq!(confirm, lapin::Confirmation::Ack(None), "into {bucket}");
+            publish_to(&h, "", bucket.as_str(), &props).await;
         }
     }
-    h.wait_depth(h.names.due.as_str(), 3).await;
-    h.wait_depth(h.names.expired.as_str(), 2).await;
+    h.wait_depth(h.names.expired.as_str(), 5).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(h.depth(h.names.due.as_str()).await, 3);
-    assert_eq!(h.depth(h.names.expired.as_str()).await, 2);
+    assert_eq!(h.depth(h.names.expired.as_str()).await, 5);
+    assert!(
+        !h.exists(h.names.due.as_str()).await,
+        "no due lane is declared"
+    );
     h.cleanup().await;
 }
 
 #[tokio::test]
-async fn a_classic_bucket_sorts_what_is_due_soon_into_the_due_lane() {
-    sorted_by_the_broker("").await;
+async fn what_a_classic_bucket_expires_reaches_the_expired_queue() {
+    expired_into_the_expired_queue("").await;
 }
 
 #[tokio::test]
-async fn a_quorum_bucket_sorts_what_is_due_soon_into_the_due_lane() {
-    sorted_by_the_broker(QUORUM).await;
+async fn what_a_quorum_bucket_expires_reaches_the_expired_queue() {
+    expired_into_the_expired_queue(QUORUM).await;
 }
 
 /// A prefix an earlier version declared has the expired queue bound to the
-/// expired exchange directly. Declaring it anew removes that binding: a due
-/// message then reaches the due lane only, and one without the lane header
-/// (placed by the earlier version) still reaches the expired queue.
+/// expired exchange directly. Declaring it anew removes that binding: a
+/// message, with or without the lane mark, then reaches the expired queue
+/// once.
 #[tokio::test]
-async fn declaring_over_an_earlier_topology_leaves_one_way_to_each_lane() {
+async fn declaring_over_an_earlier_topology_leaves_one_way_to_the_expired_queue() {
     let h = Harness::new(&["1s"], "").await;
     let rules = Rules::from_config(&h.config);
     let topology = rules.topology();
@@ -129,45 +156,130 @@ async fn declaring_over_an_earlier_topology_leaves_one_way_to_each_lane() {
     delay_router::broker::declare::declare(&h.conn, &topology)
         .await
         .unwrap();
-    let mut due = FieldTable::default();
-    due.insert(
-        delay_router::core::contract::TRANSIT_LANE.into(),
-        AMQPValue::LongString("due".into()),
-    );
-    for props in [
-        BasicProperties::default().with_headers(due),
-        BasicProperties::default(),
-    ] {
-        let confirm =
-            h.ch.basic_publish(
-                h.names.expired_exchange.clone(),
-                "".into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                b"m",
-                props,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    let plain = BasicProperties::default();
+    for props in [marked(&plain), plain] {
+        publish_to(&h, h.names.expired_exchange.as_str(), "", &props).await;
     }
-    h.wait_depth(h.names.due.as_str(), 1).await;
-    h.wait_depth(h.names.expired.as_str(), 1).await;
+    h.wait_depth(h.names.expired.as_str(), 2).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(h.depth(h.names.due.as_str()).await, 1);
-    assert_eq!(h.depth(h.names.expired.as_str()).await, 1);
+    assert_eq!(h.depth(h.names.expired.as_str()).await, 2);
     h.cleanup().await;
 }
 
-/// The router consumes the due lane too: a message due soon after its
-/// bucket arrives on time through it, with none of the router's headers.
+/// An earlier version's due lane: `<prefix>.due`, bound to the lanes with
+/// the lane mark's binding, holding what its buckets expired with the mark.
+/// The router unbinds it, moves what it holds into the expired queue (each
+/// message delivered once, none early) and deletes it when classic; a
+/// quorum one it leaves, empty, for the operator. Afterwards a marked
+/// message (placed by the earlier version) reaches the expired queue.
+async fn an_earlier_due_lane_is_retired(extra: &str, quorum: bool) {
+    let mut h = Harness::new(&["1s", "2s"], extra).await;
+    let rules = Rules::from_config(&h.config);
+    delay_router::broker::declare::declare(&h.conn, &rules.topology())
+        .await
+        .unwrap();
+    let mut args = FieldTable::default();
+    if quorum {
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
+    h.ch.queue_declare(
+        h.names.due.clone(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    h.ch.queue_bind(
+        h.names.due.clone(),
+        h.names.lanes.clone(),
+        "".into(),
+        QueueBindOptions::default(),
+        retired_due_binding(),
+    )
+    .await
+    .unwrap();
+    let q = h.queue("dest").await;
+    // 2.3 s: the 2s bucket, then 0.3 s: what the due lane took.
+    let (placed, placed_at) = (Instant::now(), now_ms());
+    let (bucket, props) = placement(&rules, 2300, &q, placed_at);
+    for _ in 0..3 {
+        publish_to(&h, "", bucket.as_str(), &marked(&props)).await;
+    }
+    h.wait_depth(h.names.due.as_str(), 3).await;
+    let started = Instant::now();
+    h.start_router().await;
+    let got = h.receive(&q, 3, Duration::from_secs(15)).await;
+    assert!(
+        got.iter()
+            .all(|(at, _)| *at - placed >= Duration::from_millis(2300)),
+        "delivered before the deadline"
+    );
+    assert!(
+        got.iter()
+            .all(|(at, _)| *at - started < Duration::from_secs(10)),
+        "moved out of the due lane and delivered within 10 s of the start"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    if quorum {
+        while h.depth(h.names.due.as_str()).await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the quorum due lane was not emptied"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        while h.exists(h.names.due.as_str()).await {
+            assert!(
+                Instant::now() < deadline,
+                "the classic due lane was not removed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Placed by the earlier version, expired after the retirement: through
+    // the expired queue, once.
+    let (bucket, props) = placement(&rules, 1100, &q, now_ms());
+    publish_to(&h, "", bucket.as_str(), &marked(&props)).await;
+    let got = h.receive(&q, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(h.depth(&q).await, 0, "delivered once");
+    if quorum {
+        assert!(
+            h.exists(h.names.due.as_str()).await,
+            "a quorum due lane is left"
+        );
+        assert_eq!(
+            h.depth(h.names.due.as_str()).await,
+            0,
+            "unbound: nothing enters it"
+        );
+    }
+    h.cleanup().await;
+}
+
 #[tokio::test]
-async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers() {
-    let mut h = Harness::tuned(&["1s", "2s"], "", due_within_1s).await;
+async fn an_earlier_classic_due_lane_is_emptied_and_removed() {
+    an_earlier_due_lane_is_retired("", false).await;
+}
+
+#[tokio::test]
+async fn an_earlier_quorum_due_lane_is_emptied_unbound_and_left() {
+    an_earlier_due_lane_is_retired(QUORUM, true).await;
+}
+
+/// A message through two buckets and the router's own last fraction
+/// arrives on time, with none of the router's headers.
+#[tokio::test]
+async fn a_message_through_the_lanes_arrives_on_time_without_router_headers() {
+    let mut h = Harness::new(&["1s", "2s"], "").await;
     h.start_router().await;
     let q = h.queue("dest").await;
     // The router's deadlines are on the wall clock (README, Guarantees: "by
@@ -176,7 +288,7 @@ async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers()
     let sent = std::time::Instant::now();
     let sent_wall = std::time::SystemTime::now();
     // The 2s bucket with 2.6 s left after it, then the 2s bucket with 0.6 s
-    // left (the due lane), then 0.6 s the router times itself.
+    // left, then 0.6 s the router times itself.
     h.publish("k", to_queue(&q, AMQPValue::LongLongInt(4600)), b"due")
         .await;
     let got = h.receive(&q, 1, Duration::from_secs(15)).await;
@@ -200,16 +312,15 @@ async fn a_message_through_the_due_lane_arrives_on_time_without_router_headers()
             .all(|k| !k.as_str().contains("delay-router")),
         "{headers:?}"
     );
-    assert_eq!(h.stats.snapshot().due, 1, "through the due lane once");
     h.cleanup().await;
 }
 
 /// A burst that leaves its bucket together with a second left is timed by
-/// the router on the due lane's hold room, not sent through finer buckets:
+/// the router on the expired queue's hold room, not sent through finer buckets:
 /// with a prefetch of 20, holds were capped at 10, and the other 50 took
 /// one to three more buckets (the halving rungs) each.
 #[tokio::test]
-async fn a_burst_due_together_is_held_in_the_due_lanes_room() {
+async fn a_burst_due_together_is_held_in_the_expired_queues_room() {
     let mut h = Harness::new(&["4s"], "[amqp]\nprefetch = 20\n").await;
     h.start_router().await;
     let q = h.queue("dest").await;
@@ -236,6 +347,5 @@ async fn a_burst_due_together_is_held_in_the_due_lanes_room() {
         "one bucket each, no finer ones after it: {s:?}"
     );
     assert_eq!(s.held, 60, "the router timed every last second: {s:?}");
-    assert_eq!(s.due, 60, "{s:?}");
     h.cleanup().await;
 }

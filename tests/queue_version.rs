@@ -63,7 +63,6 @@ async fn every_classic_queue_of_the_router_has_the_configured_version() {
         [
             &h.names.ingress,
             &h.names.expired,
-            &h.names.due,
             &h.names.parked,
             &h.names.state,
         ]

@@ -8,7 +8,7 @@ use crate::core::compat;
 use crate::core::delayed::DelayedType;
 use crate::core::placement::PlacementStrategy;
 use crate::core::topology::{
-    Names, QUEUE_VERSION_ARGUMENT, QueueType, Topology, TypeClue, due_binding, ingress_arguments,
+    Names, QUEUE_VERSION_ARGUMENT, QueueType, Topology, TypeClue, ingress_arguments,
     lanes_arguments, type_clue,
 };
 use lapin::options::{
@@ -21,13 +21,13 @@ use tracing::warn;
 /// Declares every exchange, queue and binding of `t`; idempotent.
 ///
 /// What the buckets expire reaches the router through the lanes: the
-/// buckets' dead-letter exchange (`expired`) is bound to `lanes`, which
-/// sorts what is due soon into the `due` queue and passes the rest to its
-/// alternate exchange `lanes.later`, bound to the `expired` queue. Versions
+/// buckets' dead-letter exchange (`expired`) is bound to `lanes`, a headers
+/// exchange that passes everything to its alternate exchange `lanes.later`,
+/// bound to the `expired` queue. (An earlier version bound a due lane to
+/// `lanes`; the router's janitor retires it.) Versions
 /// before the lanes bound the `expired` queue to the `expired` exchange
 /// directly; that binding is removed once the lanes are in place (both
-/// lead to the same queue, so nothing is lost or doubled in between but a
-/// due message, which may then reach both lanes once).
+/// lead to the same queue, so nothing is lost or doubled in between).
 ///
 /// One of the router's own queues that exists with other arguments, as
 /// declared by an earlier version (before the quorum delivery limits), is
@@ -116,11 +116,10 @@ async fn bindings(ch: &Channel, t: &Topology) -> Result<(), BrokerError> {
         "queue.unbind {} from {}",
         names.expired, names.expired_exchange
     );
-    let (ingress, control, expired, due, lanes, old) = futures_util::join!(
+    let (ingress, control, expired, lanes, old) = futures_util::join!(
         bind(ch, &names.ingress, &names.router_exchange, none()),
         bind(ch, &names.ingress, &names.control, none()),
         bind(ch, &names.expired, &names.lanes_later, none()),
-        bind(ch, &names.due, &names.lanes, due_binding()),
         timed(
             &lanes_bind_what,
             RPC_TIMEOUT,
@@ -147,7 +146,6 @@ async fn bindings(ch: &Channel, t: &Topology) -> Result<(), BrokerError> {
     ingress?;
     control?;
     expired?;
-    due?;
     lanes?;
     old?;
     Ok(())

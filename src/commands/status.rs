@@ -60,7 +60,6 @@ pub async fn collect(config: &Config) -> Result<Status, BrokerError> {
         .collect();
     queues.push(("ingress".into(), names.ingress.clone()));
     queues.push(("expired".into(), names.expired.clone()));
-    queues.push(("due".into(), names.due.clone()));
     queues.push(("parked".into(), names.parked.clone()));
     // Each plugin exchange's waiting messages: its waiting queue's depth.
     for x in &rules.delayed {

@@ -191,9 +191,6 @@ pub struct Config {
     /// Built in, not a key: bytes in flight per consumer; the prefetch window
     /// shrinks to fit large messages.
     pub inflight_bytes: u64,
-    /// Built in, not a key: a message due within this long after its bucket
-    /// expires it goes to the due lane.
-    pub due_within: std::time::Duration,
     /// Built in, not a key: how the router's bookkeeping is written into
     /// bucket messages (both formats are always read).
     pub transit_format: crate::core::envelope::TransitFormat,
@@ -435,7 +432,6 @@ impl Config {
             classic_queue_version,
             check_interval: DEFAULT_CHECK_INTERVAL,
             inflight_bytes: DEFAULT_INFLIGHT_BYTES,
-            due_within: crate::core::placement::DEFAULT_DUE_WITHIN,
             transit_format: crate::core::envelope::TransitFormat::default(),
             bucket_shards: None,
             ladder,

@@ -44,13 +44,12 @@ pub const TRANSIT_ROUTING_KEY: &str = "x-delay-router-routing-key";
 pub const TRANSIT_DEADLINE: &str = "x-delay-router-deadline";
 /// Router bookkeeping while a message waits: bucket placements so far.
 pub const TRANSIT_HOPS: &str = "x-delay-router-hops";
-/// Router bookkeeping while a message waits: [`DUE_LANE`] when it will be due
-/// soon after its bucket expires it, so it is sorted into the due lane
-/// (`<prefix>.due`) rather than behind messages with time to spare; absent
-/// otherwise. The one bookkeeping header without the `x-` prefix: RabbitMQ's
-/// headers exchange ignores `x-` headers when it matches (`x-match: all`).
+/// Router bookkeeping an earlier version wrote on a message in a bucket:
+/// [`DUE_LANE`] sorted it into a due lane (`<prefix>.due`) when it left its
+/// bucket. The router writes it no more; it removes it from what it places
+/// again and from what it delivers.
 pub const TRANSIT_LANE: &str = "delay-router-lane";
-/// The value of [`TRANSIT_LANE`] that the due lane's binding matches.
+/// The value of [`TRANSIT_LANE`] that the retired due lane's binding matched.
 pub const DUE_LANE: &str = "due";
 /// Router bookkeeping: the sender's headers the broker rewrites in a bucket
 /// (`x-death`, `x-first-death-*`, `x-last-death-*`), kept aside until delivery.

@@ -41,12 +41,8 @@ pub enum Source {
     /// `<prefix>.ingress`: published to the router exchange, or dead-lettered
     /// there by a work queue whose consumer rejected it.
     Ingress,
-    /// `<prefix>.expired`: dead-lettered by a bucket when its TTL ran out,
-    /// with time to spare.
+    /// `<prefix>.expired`: dead-lettered by a bucket when its TTL ran out.
     Expired,
-    /// `<prefix>.due`: dead-lettered by a bucket when its TTL ran out, due
-    /// soon (the due lane; see [`placement::due_lane`]).
-    Due,
 }
 
 impl Source {
@@ -54,19 +50,17 @@ impl Source {
         match self {
             Self::Ingress => "ingress",
             Self::Expired => "expired",
-            Self::Due => "due",
         }
     }
 
     /// Every source, in the order the router consumes them.
-    pub const ALL: [Source; 3] = [Source::Ingress, Source::Due, Source::Expired];
+    pub const ALL: [Source; 2] = [Source::Ingress, Source::Expired];
 
     /// The queue this source is.
     pub fn queue(self, names: &Names) -> &ShortString {
         match self {
             Self::Ingress => &names.ingress,
             Self::Expired => &names.expired,
-            Self::Due => &names.due,
         }
     }
 }
@@ -159,9 +153,6 @@ pub struct Rules {
     pub allow: Option<AllowList>,
     /// How long a tombstone lives (`[cancel] keep`).
     pub cancel_keep: Duration,
-    /// What is due within this long of leaving its bucket waits in the due
-    /// lane ([`Config::due_within`](crate::config::Config::due_within), built in).
-    pub due_within: Duration,
     /// How transit is written into bucket messages (built in: compact).
     pub transit_format: TransitFormat,
     /// The delayed-message-exchange plugin's exchanges the router serves
@@ -196,7 +187,6 @@ impl Rules {
             classic_version: None,
             allow: None,
             cancel_keep: topology::DEFAULT_CANCEL_KEEP,
-            due_within: placement::DEFAULT_DUE_WITHIN,
             transit_format: TransitFormat::default(),
             delayed: Vec::new(),
             bucket_shards: None,
@@ -238,13 +228,6 @@ impl Rules {
     /// The same rules writing transit in `format`.
     pub fn with_transit_format(mut self, format: TransitFormat) -> Self {
         self.transit_format = format;
-        self
-    }
-
-    /// The same rules sorting what is due within `due_within` of leaving its
-    /// bucket into the due lane.
-    pub fn with_due_within(mut self, due_within: Duration) -> Self {
-        self.due_within = due_within;
         self
     }
 
@@ -306,7 +289,6 @@ impl Rules {
         .with_classic_version(config.classic_queue_version)
         .with_allow_list(config.allow_destinations.clone())
         .with_cancel_keep(config.cancel_keep)
-        .with_due_within(config.due_within)
         .with_transit_format(config.transit_format)
     }
 
@@ -392,7 +374,7 @@ impl Rules {
                     }
                 },
             },
-            Source::Expired | Source::Due => {
+            Source::Expired => {
                 // Only a router serving plugin exchanges looks for the mark.
                 let counted = (!self.delayed.is_empty())
                     .then(|| delayed::counted_for(&props))
@@ -521,7 +503,6 @@ impl Rules {
                 let o = Overrides {
                     expiration,
                     priority,
-                    due_lane: placement::due_lane(remaining, ttl, self.due_within),
                     format: self.transit_format,
                 };
                 let properties = if entering {
@@ -539,8 +520,7 @@ impl Rules {
         }
     }
 
-    /// A message a bucket dead-lettered into the router's expired or due
-    /// queue: on to the next bucket, held for what is left below
+    /// A message a bucket dead-lettered into the router's expired queue: on to the next bucket, held for what is left below
     /// `hold_up_to`, or delivered.
     fn expired_holding(
         &self,

@@ -8,7 +8,7 @@
 //! kept in [`SAVED_PROPERTIES`] and [`SAVED_HEADERS`] and put back on delivery.
 
 use crate::core::contract::{
-    DEATH_HEADERS, DUE_LANE, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT,
+    DEATH_HEADERS, Destination, SAVED_HEADERS, SAVED_PROPERTIES, TRANSIT,
     TRANSIT_DEADLINE, TRANSIT_EXCHANGE, TRANSIT_HEADERS, TRANSIT_HOPS, TRANSIT_LANE,
     TRANSIT_ROUTING_KEY, integer, short_string,
 };
@@ -63,7 +63,7 @@ impl std::str::FromStr for TransitFormat {
     }
 }
 
-/// The headers that record a [`Transit`], in either format (the due lane's
+/// The headers that record a [`Transit`], in either format (the lane mark
 /// and the saved sender's values are not part of it).
 const TRANSIT_RECORD: [&str; 5] = [
     TRANSIT,
@@ -239,8 +239,6 @@ pub struct Overrides {
     pub expiration: Option<std::time::Duration>,
     /// Message priority in a priority bucket.
     pub priority: Option<u8>,
-    /// Due soon after the bucket expires it: sorted into the due lane.
-    pub due_lane: bool,
     /// How the transit record is written.
     pub format: TransitFormat,
 }
@@ -274,11 +272,8 @@ fn put_transit(h: &mut Headers, t: &Transit, o: Overrides) {
             h.insert(TRANSIT_HOPS.into(), AMQPValue::LongLongInt(t.hops));
         }
     }
-    if o.due_lane {
-        h.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
-    } else {
-        h.remove(TRANSIT_LANE);
-    }
+    // An earlier version's lane mark, on a message it placed.
+    h.remove(TRANSIT_LANE);
 }
 
 /// Moves the sender's `expiration` and non-persistent `delivery-mode` aside,

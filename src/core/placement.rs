@@ -16,7 +16,7 @@
 
 use crate::core::ladder::{Ladder, MAX_TTL, Rung};
 use std::{fmt, str::FromStr, time::Duration};
-pub use crate::tuning::{HOLD_BELOW, HOLD_WITH_ROOM, DUE_WITHIN as DEFAULT_DUE_WITHIN, ROUND_UP_WITHIN, GRID, GRID_BELOW, MAX_LAPS, MAX_REACH_LAPS};
+pub use crate::tuning::{HOLD_BELOW, HOLD_WITH_ROOM, ROUND_UP_WITHIN, GRID, GRID_BELOW, MAX_LAPS, MAX_REACH_LAPS};
 
 /// Priority levels of a priority bucket (`x-max-priority`).
 pub const PRIORITY_LEVELS: u8 = 10;
@@ -248,13 +248,6 @@ fn cascade(ladder: &Ladder, remaining: Duration) -> Placement {
     }
 }
 
-/// Whether a message with `remaining` time left, placed in a bucket of
-/// `ttl`, is due within `due_within` of leaving it: then it waits for its
-/// next step in the due lane, ahead of messages with time to spare.
-pub fn due_lane(remaining: Duration, ttl: Duration, due_within: Duration) -> bool {
-    remaining.saturating_sub(ttl) < due_within
-}
-
 /// [`place`], with the router timing under cascade whatever is left below
 /// `hold_up_to` itself (at least what [`place`] would hold).
 pub fn place_or_hold(
@@ -309,18 +302,6 @@ mod tests {
         ] {
             assert_eq!(place(s, &l, Duration::ZERO), None);
         }
-    }
-
-    #[test]
-    fn the_due_lane_holds_what_has_less_than_its_bound_left_after_the_bucket() {
-        let (s, ms) = (Duration::from_secs, Duration::from_millis);
-        assert!(due_lane(s(65), s(60), s(120)));
-        assert!(!due_lane(s(180), s(60), s(120)));
-        assert!(due_lane(ms(179_999), s(60), s(120)));
-        // Round-up: the bucket outlasts the delay, so it is due on expiry.
-        assert!(due_lane(s(20), s(30), s(120)));
-        // A bound of zero: no due lane.
-        assert!(!due_lane(s(20), s(30), Duration::ZERO));
     }
 
     #[test]

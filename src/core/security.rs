@@ -108,7 +108,8 @@ pub struct Permissions {
 impl Permissions {
     /// What the router's user needs: configure and read on its own names
     /// (declare, bind, consume, get, delete retired buckets), write on the
-    /// queues it binds (`ingress`, `expired`, `due`, its presence queue), on
+    /// queues it binds (`ingress`, `expired`, its presence queue; `due`, an
+    /// earlier version's due lane, which it unbinds), on
     /// the exchanges it binds (`lanes`, to `expired`) or names as an
     /// alternate exchange (`lanes.later`), on the presence exchange, on the default exchange (it places, parks and
     /// records state through it), and on the destinations

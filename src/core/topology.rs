@@ -18,18 +18,18 @@ pub struct Names {
     /// `<prefix>.expired`: the exchange every bucket dead-letters to (fanout),
     /// bound to [`Names::lanes`].
     pub expired_exchange: ShortString,
-    /// `<prefix>.lanes`: sorts what the buckets expire into the lanes (a
-    /// headers exchange): what is due soon into [`Names::due`], the rest to
-    /// its alternate exchange [`Names::lanes_later`].
+    /// `<prefix>.lanes`: the buckets' dead-letter exchange (a headers
+    /// exchange with no binding of its own): everything goes on to its
+    /// alternate exchange [`Names::lanes_later`].
     pub lanes: ShortString,
-    /// `<prefix>.lanes.later`: what [`Names::lanes`] does not sort into the
-    /// due lane (fanout, bound to [`Names::expired`]).
+    /// `<prefix>.lanes.later`: a fanout bound to [`Names::expired`].
     pub lanes_later: ShortString,
-    /// `<prefix>.expired`: the queue the router consumes expired messages
-    /// with time to spare from.
+    /// `<prefix>.expired`: the queue the router consumes what the buckets
+    /// expire from.
     pub expired: ShortString,
-    /// `<prefix>.due`: the due lane: expired messages due soon, which the
-    /// router serves first.
+    /// `<prefix>.due`: an earlier version's due lane, bound to
+    /// [`Names::lanes`]. The router no longer declares it; the janitor
+    /// unbinds it and moves what it holds into [`Names::expired`].
     pub due: ShortString,
     /// `<prefix>.parked`: messages that cannot be placed or delivered.
     pub parked: ShortString,
@@ -72,13 +72,12 @@ impl Names {
         }
     }
 
-    /// The router's own queues: ingress, expired, due, parked, state and
-    /// the cancels stream.
-    pub fn own_queues(&self) -> [&ShortString; 6] {
+    /// The router's own queues: ingress, expired, parked, state and the
+    /// cancels stream.
+    pub fn own_queues(&self) -> [&ShortString; 5] {
         [
             &self.ingress,
             &self.expired,
-            &self.due,
             &self.parked,
             &self.state,
             &self.cancels,
@@ -98,9 +97,11 @@ impl Names {
     }
 
     /// Whether `queue` is one of the router's own queues (ingress, expired,
-    /// due, parked, state, or a bucket of any strategy, retired ones included).
+    /// parked, state, or a bucket of any strategy, retired ones and the
+    /// retired due lane included).
     pub fn owns_queue(&self, queue: &str) -> bool {
         self.own_queues().iter().any(|q| q.as_str() == queue)
+            || queue == self.due.as_str()
             || queue
                 .strip_prefix(self.prefix.as_str())
                 .is_some_and(|rest| {
@@ -165,7 +166,7 @@ impl Names {
 pub struct Topology {
     pub names: Names,
     pub queue_type: QueueType,
-    /// Ingress, expired, due, parked and state.
+    /// Ingress, expired, parked and state.
     pub own: Vec<(ShortString, FieldTable)>,
     /// The bucket of every rung of the (effective) ladder.
     pub buckets: Vec<(ShortString, FieldTable)>,
@@ -197,7 +198,6 @@ impl Topology {
         let own = [
             &names.ingress,
             &names.expired,
-            &names.due,
             &names.parked,
             &names.state,
         ]
@@ -479,7 +479,7 @@ pub fn queue_arguments(queue_type: QueueType) -> FieldTable {
     args
 }
 
-/// Deliveries of one message a quorum ingress, expired or due queue allows before
+/// Deliveries of one message a quorum ingress or expired queue allows before
 /// it dead-letters it into the park: RabbitMQ 4's default, made explicit so
 /// that 3.x behaves the same. A message redelivered this often (a router
 /// crashing on it again and again) is parked with `x-death` reason
@@ -491,7 +491,7 @@ pub const DELIVERY_LIMIT: i64 = 20;
 pub const NO_DELIVERY_LIMIT: i64 = 1_000_000;
 
 /// Arguments of the router's own queues (not the buckets). What expires in
-/// ingress, or is delivered too often there or in expired or due (quorum), is
+/// ingress, or is delivered too often there or in expired (quorum), is
 /// dead-lettered into the park, never dropped.
 pub fn own_queue_arguments(
     names: &Names,
@@ -499,7 +499,7 @@ pub fn own_queue_arguments(
     queue: &ShortString,
 ) -> FieldTable {
     let mut args = queue_arguments(queue_type);
-    let to_park = queue == &names.ingress || queue == &names.expired || queue == &names.due;
+    let to_park = queue == &names.ingress || queue == &names.expired;
     if to_park && (queue == &names.ingress || queue_type == QueueType::Quorum) {
         args.insert(
             "x-dead-letter-exchange".into(),
@@ -521,9 +521,9 @@ pub fn own_queue_arguments(
     args
 }
 
-/// Arguments of [`Names::lanes`]: what no binding takes goes on to
-/// [`Names::lanes_later`], so a message without the lane header (placed by
-/// an earlier version, or by hand) is never dropped.
+/// Arguments of [`Names::lanes`]: what no binding takes (everything, once
+/// an earlier version's due lane is unbound) goes on to
+/// [`Names::lanes_later`], so nothing a bucket expires is dropped.
 pub fn lanes_arguments(names: &Names) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
@@ -533,9 +533,10 @@ pub fn lanes_arguments(names: &Names) -> FieldTable {
     args
 }
 
-/// The binding of [`Names::due`] to [`Names::lanes`]: messages whose lane
-/// header says [`DUE_LANE`].
-pub fn due_binding() -> FieldTable {
+/// The binding of an earlier version's due lane ([`Names::due`]) to
+/// [`Names::lanes`]: messages whose lane header said [`DUE_LANE`]. Only the
+/// same arguments unbind it.
+pub fn retired_due_binding() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-match".into(), AMQPValue::LongString("all".into()));
     args.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
@@ -813,7 +814,7 @@ mod tests {
         let limit = |a: &FieldTable| a.inner().get("x-delivery-limit").cloned();
         let dlx = |a: &FieldTable| a.inner().get("x-dead-letter-routing-key").cloned();
         let park = Some(AMQPValue::LongString("p.parked".into()));
-        for q in [&names.ingress, &names.expired, &names.due] {
+        for q in [&names.ingress, &names.expired] {
             let quorum = args(q, QueueType::Quorum);
             assert_eq!(limit(&quorum), Some(AMQPValue::LongLongInt(DELIVERY_LIMIT)));
             assert_eq!(dlx(&quorum), park);

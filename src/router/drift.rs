@@ -97,8 +97,6 @@ fn record_depth(stats: &Stats, t: &Topology, queue: &ShortString, messages: u32)
         "ingress"
     } else if queue == &names.expired {
         "expired"
-    } else if queue == &names.due {
-        "due"
     } else if queue == &names.parked {
         "parked"
     } else if queue == &names.state || queue == &names.cancels {

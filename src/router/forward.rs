@@ -15,7 +15,7 @@
 
 use super::SessionError;
 use super::destinations::Destinations;
-use super::gate::{DueFirst, PublishGate};
+use super::gate::PublishGate;
 use super::settle::{self, Settler};
 use super::stats::Stats;
 use crate::broker::publish::{Message, Outcome, Publisher};
@@ -122,8 +122,6 @@ pub struct Forwarder {
     pub gate: PublishGate,
     /// The queue this pipeline consumes.
     pub source: Source,
-    /// The due lane before the expired queue (one per session).
-    pub due_first: Arc<DueFirst>,
     /// Cancelled when the session ends on a fault: nothing more is published.
     pub abandoned: CancellationToken,
     /// Deliveries held now (see [`Forwarder::hold`]).
@@ -204,11 +202,6 @@ impl Forwarder {
                 routing_key: &routing_key,
                 properties: pending.plan.action.properties(),
                 data: &pending.data,
-            };
-            let _due = (self.source == Source::Due).then(|| self.due_first.due());
-            let _later = match self.source {
-                Source::Expired => self.due_first.later().await,
-                Source::Ingress | Source::Due => None,
             };
             let entry = self.gate.enter().await;
             if self.abandoned.is_cancelled() {

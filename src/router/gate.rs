@@ -2,21 +2,13 @@
 //! publishes unconfirmed at once (see [`crate::core::inflight`] for why and
 //! how the limit moves). Deliveries past it wait, unpublished, in the order
 //! they came (tokio's semaphore is fair).
-//!
-//! Beside it, [`DueFirst`]: the due lane goes first. The broker takes a
-//! connection's publishes in the order they were sent, so a due message
-//! published behind a window of messages with minutes to spare waits for
-//! all of them; while due publishes are in flight, the expired pipeline
-//! starts at most [`LATER_WHILE_DUE`] publishes at once.
 
 use super::stats::Stats;
 use crate::core::inflight::InflightLimit;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tracing::debug;
-pub use crate::tuning::LATER_WHILE_DUE;
 
 pub struct PublishGate {
     permits: Semaphore,
@@ -134,50 +126,6 @@ impl Drop for Entry<'_> {
     }
 }
 
-/// The due lane before the rest, shared by one session's pipelines.
-#[derive(Debug)]
-pub struct DueFirst {
-    due: AtomicUsize,
-    later: Semaphore,
-}
-
-impl Default for DueFirst {
-    fn default() -> Self {
-        Self {
-            due: AtomicUsize::new(0),
-            later: Semaphore::new(LATER_WHILE_DUE),
-        }
-    }
-}
-
-/// A due publish in flight; counted until dropped.
-pub struct DueTurn<'a>(&'a DueFirst);
-
-impl DueFirst {
-    /// A due-lane publish starts.
-    pub fn due(&self) -> DueTurn<'_> {
-        self.due.fetch_add(1, Ordering::Relaxed);
-        DueTurn(self)
-    }
-
-    /// An expired-lane publish may start: at once while no due publish is
-    /// in flight, else once fewer than [`LATER_WHILE_DUE`] of those started
-    /// meanwhile are unconfirmed.
-    pub async fn later(&self) -> Option<SemaphorePermit<'_>> {
-        if self.due.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        // The semaphore is never closed.
-        self.later.acquire().await.ok()
-    }
-}
-
-impl Drop for DueTurn<'_> {
-    fn drop(&mut self) {
-        self.0.due.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,24 +154,5 @@ mod tests {
         );
         drop(four);
         assert_eq!(gate.permits.available_permits(), 4);
-    }
-
-    #[tokio::test]
-    async fn the_expired_lane_yields_while_due_publishes_are_in_flight() {
-        let first = DueFirst::default();
-        assert!(first.later().await.is_none(), "nothing due: no limit");
-        let due = first.due();
-        let mut later = Vec::new();
-        for _ in 0..LATER_WHILE_DUE {
-            later.push(first.later().await.expect("limited while due is busy"));
-        }
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), first.later())
-                .await
-                .is_err(),
-            "one more than the limit started"
-        );
-        drop(due);
-        assert!(first.later().await.is_none(), "no due publish: no limit");
     }
 }

@@ -2,14 +2,19 @@
 //! switched) keep dead-lettering into the router until they are empty, and are
 //! then deleted. Which buckets a prefix has declared is kept in one message in
 //! `<prefix>.state`, because AMQP cannot list queues.
+//!
+//! It also retires an earlier version's due lane ([`retire_due_lane`]).
 
 use crate::broker::publish::{Message, Outcome, confirm_channel, publish_once};
 use crate::broker::{self, BrokerError, RPC_TIMEOUT, close_channel, probe, timed};
 use crate::core::envelope::PERSISTENT;
 use crate::core::topology::{
-    QueueType, Topology, feeds_into, laps_of, parse_state, render_state, stale_buckets,
+    QueueType, Topology, feeds_into, laps_of, parse_state, render_state, retired_due_binding,
+    stale_buckets,
 };
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeleteOptions,
+};
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Connection};
 use std::sync::Arc;
@@ -129,6 +134,118 @@ pub async fn sweep(
         }
     }
     Ok(())
+}
+
+/// Retires an earlier version's due lane, `<prefix>.due`, for as long as it
+/// exists: unbinds it from the lanes (what the buckets expire then all goes
+/// to the expired queue), moves what it holds into the expired queue (each
+/// message published whole, confirmed, then acked), and deletes it once it
+/// is empty. A router of the earlier version, still running during an
+/// upgrade, binds it again and consumes it, so each sweep does it again
+/// until the queue is gone. A quorum queue cannot be deleted only if empty
+/// (RabbitMQ closes the connection), so an empty quorum due lane is left for
+/// the operator, with one warning, and still watched.
+pub async fn retire_due_lane(
+    conn: &Connection,
+    t: &Topology,
+    stop: CancellationToken,
+) -> Result<(), BrokerError> {
+    let due = &t.names.due;
+    let mut warned = false;
+    loop {
+        let Some(waiting) = probe::depth(conn, due).await? else {
+            return Ok(());
+        };
+        let moved = move_due_lane(conn, t).await?;
+        if moved > 0 || waiting > 0 {
+            info!(queue = %due, moved, "an earlier version's due lane: moved into the expired queue");
+        }
+        match t.queue_type {
+            QueueType::Quorum if !warned => {
+                warn!(
+                    queue = %due,
+                    "an earlier version's due lane, unbound and emptied: RabbitMQ deletes a \
+                     quorum queue only unconditionally, so the router leaves it; delete it \
+                     once no router of an earlier version runs: rabbitmqctl delete_queue {due}"
+                );
+                warned = true;
+            }
+            QueueType::Quorum => {}
+            // Not deleted (a message arrived meanwhile): again at the next sweep.
+            QueueType::Classic => {
+                if delete_if_empty(conn, due).await.is_ok() {
+                    info!(queue = %due, "an earlier version's due lane, emptied: removed");
+                    return Ok(());
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
+}
+
+/// Unbinds the due lane and moves what it holds into the expired queue;
+/// returns how many messages it moved.
+async fn move_due_lane(conn: &Connection, t: &Topology) -> Result<u64, BrokerError> {
+    let names = &t.names;
+    let ch = confirm_channel(conn).await?;
+    let moved = async {
+        timed(
+            "queue.unbind due",
+            RPC_TIMEOUT,
+            ch.queue_unbind(
+                names.due.clone(),
+                names.lanes.clone(),
+                "".into(),
+                retired_due_binding(),
+            ),
+        )
+        .await?;
+        let mut moved = 0;
+        while let Some(m) = timed(
+            "basic.get due",
+            RPC_TIMEOUT,
+            ch.basic_get(names.due.clone(), BasicGetOptions { no_ack: false }),
+        )
+        .await?
+        {
+            let d = m.delivery;
+            let data = Arc::new(d.data);
+            let message = Message {
+                exchange: &"".into(),
+                routing_key: &names.expired,
+                properties: &d.properties,
+                data: &data,
+            };
+            let outcome = publish_once(&ch, message).await?;
+            if !matches!(outcome, Outcome::Confirmed) {
+                // Left in the due lane, for the next sweep.
+                let _ = timed(
+                    "basic.nack due",
+                    RPC_TIMEOUT,
+                    ch.basic_nack(d.delivery_tag, BasicNackOptions { requeue: true, multiple: false }),
+                )
+                .await;
+                return Err(BrokerError::other(
+                    "moving the due lane into the expired queue",
+                    format!("{outcome:?}"),
+                ));
+            }
+            timed(
+                "basic.ack due",
+                RPC_TIMEOUT,
+                ch.basic_ack(d.delivery_tag, BasicAckOptions::default()),
+            )
+            .await?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+    .await;
+    close_channel(&ch, "due lane moved").await;
+    moved
 }
 
 async fn delete_if_empty(conn: &Connection, queue: &ShortString) -> Result<(), BrokerError> {

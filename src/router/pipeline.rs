@@ -1,4 +1,4 @@
-//! A pipeline: consumes one of the router's queues (ingress, due or expired),
+//! A pipeline: consumes one of the router's queues (ingress or expired),
 //! asks the core for each delivery's [`Plan`](crate::core::decision::Plan)
 //! and hands it to [`forward`](super::forward), which runs concurrently
 //! (bounded by the prefetch window). Source deliveries are acked by the
@@ -6,7 +6,7 @@
 
 use super::destinations::Destinations;
 use super::forward::{Forwarder, Lanes, Pending};
-use super::gate::{DueFirst, PublishGate};
+use super::gate::PublishGate;
 use super::health::Health;
 use super::prefetch::PrefetchWindow;
 use super::session::Fault;
@@ -42,16 +42,14 @@ pub struct Pipeline {
     pub tombstones: Arc<Tombstones>,
     pub prefetch: u16,
     pub inflight_bytes: u64,
-    /// The due lane before the expired queue (shared by the session's pipelines).
-    pub due_first: Arc<DueFirst>,
 }
 
 impl Pipeline {
     /// Deliveries this pipeline's window has beyond `prefetch` for holds:
-    /// [`HOLD_ROOM`] on the due lane of a cascade router, else none.
+    /// [`HOLD_ROOM`] on the expired queue of a cascade router, else none.
     fn hold_room(&self) -> u16 {
         match (self.source, self.rules.strategy) {
-            (Source::Due, PlacementStrategy::Cascade) => HOLD_ROOM,
+            (Source::Expired, PlacementStrategy::Cascade) => HOLD_ROOM,
             _ => 0,
         }
     }
@@ -106,7 +104,6 @@ impl Pipeline {
             stats: self.stats.clone(),
             gate: PublishGate::new(self.prefetch, self.stats.clone()),
             source: self.source,
-            due_first: self.due_first.clone(),
             abandoned: abandoned.clone(),
             holding: Default::default(),
         });
@@ -213,10 +210,7 @@ impl Pipeline {
                 self.stats.record_received_from(delivery.exchange.as_str());
                 false
             }
-            Source::Expired | Source::Due => {
-                if self.source == Source::Due {
-                    self.stats.record_due();
-                }
+            Source::Expired => {
                 !self.tombstones.is_empty()
                     && delivery
                         .properties
@@ -242,7 +236,7 @@ impl Pipeline {
         };
         forwarder.delivered(delivery.delivery_tag)?;
         let plan = self.rules.decide(d, &cx);
-        if let (Source::Expired | Source::Due, Action::Deliver { due_ms, .. }) =
+        if let (Source::Expired, Action::Deliver { due_ms, .. }) =
             (self.source, &plan.action)
         {
             self.stats.record_return(now_ms - due_ms);
@@ -340,7 +334,7 @@ fn hold_up_to(holding: usize, cap: usize) -> Duration {
 
 /// How many deliveries a pipeline may hold with a window of `window`
 /// deliveries, `prefetch` of them for the flow: what the window has beyond
-/// `prefetch` (the hold room, [`HOLD_ROOM`] on the due lane), and at least
+/// `prefetch` (the hold room, [`HOLD_ROOM`] on the expired queue), and at least
 /// half of it (a window shrunk to the byte budget, or a pipeline without
 /// room), so that the flow keeps at least half of the window.
 fn hold_cap(window: u16, prefetch: u16) -> usize {
@@ -388,7 +382,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_due_lane_holds_up_to_its_room_and_the_flow_keeps_the_prefetch() {
+    fn the_expired_queue_holds_up_to_its_room_and_the_flow_keeps_the_prefetch() {
         let window = 500 + HOLD_ROOM;
         assert_eq!(hold_cap(window, 500), usize::from(HOLD_ROOM));
         assert_eq!(hold_up_to(1_999, hold_cap(window, 500)), HOLD_WITH_ROOM);

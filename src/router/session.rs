@@ -143,8 +143,15 @@ pub async fn run(
         tokio::spawn(
             async move {
                 let in_use = || shared.peers.buckets_in_use(live_for, &shared.instance);
-                if let Err(e) = janitor::sweep(&conn, &topology, stale, halt, in_use).await {
+                let (swept, retired) = tokio::join!(
+                    janitor::sweep(&conn, &topology, stale, halt.clone(), in_use),
+                    janitor::retire_due_lane(&conn, &topology, halt),
+                );
+                if let Err(e) = swept {
                     warn!(error = %e, "stale bucket sweep stopped; it resumes on the next start");
+                }
+                if let Err(e) = retired {
+                    warn!(error = %e, "retiring the due lane stopped; it resumes on the next start");
                 }
             }
             .instrument(info_span!("janitor")),
@@ -190,7 +197,6 @@ pub async fn run(
         .health
         .set_reason("reading the cancels stream before consuming");
     let mut pipelines = Vec::new();
-    let due_first = Arc::new(super::gate::DueFirst::default());
     // Ok(true): read to the end; Ok(false): the session ends anyway.
     let read = tokio::select! {
         read = tokio::time::timeout(tombstones::CATCH_UP_TIMEOUT, read_all) => match read {
@@ -217,7 +223,6 @@ pub async fn run(
                     tombstones: shared.tombstones.clone(),
                     prefetch: config.prefetch,
                     inflight_bytes: config.inflight_bytes,
-                    due_first: due_first.clone(),
                 };
                 let stop = stop.clone();
                 pipelines.push(tokio::spawn(

@@ -92,7 +92,6 @@ struct VersionLabel {
 pub struct Stats {
     registry: Registry,
     received: Counter,
-    due: Counter,
     placed: Counter,
     delivered: Counter,
     held: Counter,
@@ -135,8 +134,6 @@ impl Default for Stats {
 pub struct Snapshot {
     /// Messages taken from ingress.
     pub received: u64,
-    /// Messages taken from the due lane.
-    pub due: u64,
     /// Bucket placements (hops), every strategy.
     pub placed: u64,
     /// Messages delivered to their destination.
@@ -164,7 +161,6 @@ impl Stats {
         let s = Self {
             registry: Registry::default(),
             received: Counter::default(),
-            due: Counter::default(),
             placed: Counter::default(),
             delivered: Counter::default(),
             held: Counter::default(),
@@ -207,11 +203,6 @@ impl Stats {
             "delay_router_messages_received",
             "Messages taken from ingress (published to the router exchange or rejected by a work queue)",
             self.received.clone(),
-        );
-        r.register(
-            "delay_router_due_lane_messages",
-            "Messages taken from the due lane (due soon after their bucket expired them)",
-            self.due.clone(),
         );
         r.register(
             "delay_router_messages_placed",
@@ -506,11 +497,6 @@ impl Stats {
         self.received.inc();
     }
 
-    /// Counts a message taken from the due lane.
-    pub fn record_due(&self) {
-        self.due.inc();
-    }
-
     /// A message due for delivery taken from a bucket `late_ms` after its due
     /// time (0 when it came back in time, to be held for the rest).
     pub fn record_return(&self, late_ms: i64) {
@@ -640,7 +626,6 @@ impl Stats {
         };
         Snapshot {
             received: self.received.get(),
-            due: self.due.get(),
             placed: self.placed.get(),
             delivered: self.delivered.get(),
             held: self.held.get(),
@@ -665,7 +650,6 @@ pub async fn log_every(stats: Arc<Stats>, stop: CancellationToken) {
         if now != last {
             info!(
                 received = now.received,
-                due_lane = now.due,
                 placed = now.placed,
                 delivered = now.delivered,
                 held = now.held,

@@ -45,7 +45,7 @@ pub fn from(
 ) -> Action {
     let exchange = match source {
         Source::Ingress => rules.names.router_exchange.as_str(),
-        Source::Expired | Source::Due => "",
+        Source::Expired => "",
     };
     let d = Delivery {
         source,

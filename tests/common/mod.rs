@@ -215,6 +215,8 @@ impl Harness {
             .unwrap();
         let mut queues = every_bucket(&config);
         queues.extend(names.own_queues().map(|q| q.to_string()));
+        // An earlier version's due lane, which some tests declare.
+        queues.push(names.due.to_string());
         let exchanges = names.own_exchanges().map(|e| e.to_string()).to_vec();
         Self {
             prefix,
@@ -251,8 +253,7 @@ impl Harness {
         loop {
             let a = self.consumers(self.names.ingress.as_str()).await;
             let b = self.consumers(self.names.expired.as_str()).await;
-            let c = self.consumers(self.names.due.as_str()).await;
-            if a >= 1 && b >= 1 && c >= 1 {
+            if a >= 1 && b >= 1 {
                 return;
             }
             assert!(Instant::now() < deadline, "router did not start consuming");

@@ -297,45 +297,30 @@ fn the_most_hops_the_headers_can_say_do_not_overflow() {
     assert_eq!(hops, u32::MAX);
 }
 
-/// Under cascade a message waits in the due lane exactly when it will have
-/// less than `due_within` left once its bucket expires it, and a later hop
-/// out of the due lane drops the lane header again when it has more.
+/// No placement writes the lane mark, and one an earlier version wrote (its
+/// due lane) goes when the message is placed again.
 #[test]
-fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
+fn the_lane_mark_of_an_earlier_version_goes_at_the_next_placement() {
     use crate::core::contract::{DUE_LANE, TRANSIT_LANE};
-    let rules = rules_for(PlacementStrategy::Cascade).with_due_within(Duration::from_secs(1));
+    let rules = rules_for(PlacementStrategy::Cascade);
     let lane = |p: &BasicProperties| {
         p.headers()
             .as_ref()
             .and_then(|h| h.inner().get(TRANSIT_LANE).cloned())
     };
-    let due = Some(AMQPValue::LongString(DUE_LANE.into()));
-    for (delay_ms, ttl_s, due_lane) in [
-        (5_500, 5, true),    // 0.5 s left after the 5s bucket
-        (6_000, 5, false),   // 1 s left: not within 1 s
-        (12_000, 10, false), // two laps of 5s (the 10s bucket), 2 s left
-        (1_800, 1, true),    // 0.8 s left after the 1s bucket
-    ] {
+    for delay_ms in [1_800, 5_500, 12_000] {
         let p = props(&[
             ("x-requested-delay", AMQPValue::LongLongInt(delay_ms)),
             (ORIGINAL_EXCHANGE, s("orders")),
         ]);
-        let Action::Wait {
-            ttl, properties, ..
-        } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0)
+        let Action::Wait { properties, .. } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0)
         else {
             panic!("{delay_ms} ms waits in a bucket")
         };
-        assert_eq!(ttl, Duration::from_secs(ttl_s), "{delay_ms}");
-        assert_eq!(
-            lane(&properties),
-            due_lane.then(|| due.clone()).flatten(),
-            "{delay_ms}"
-        );
+        assert_eq!(lane(&properties), None, "{delay_ms}");
     }
-    // In the due lane, then out of a bucket with more time left than the
-    // lane's bound (the clock stepped back 10 s): the 5s bucket, 6.9 s left
-    // after it, and the lane header goes.
+    // Placed by an earlier version with the mark, out of its bucket with
+    // 6.9 s left (the clock stepped back 10 s): placed again, without it.
     let p = props(&[
         ("x-requested-delay", AMQPValue::LongLongInt(1_900)),
         (ORIGINAL_EXCHANGE, s("orders")),
@@ -343,8 +328,11 @@ fn a_placement_is_in_the_due_lane_when_little_is_left_after_its_bucket() {
     let Action::Wait { properties, .. } = decide::ingress(&rules, &"eu".into(), &p, NOW, 0.0) else {
         panic!("waits")
     };
-    assert_eq!(lane(&properties), due);
-    let Action::Wait { properties, .. } = decide::expired(&rules, &properties, NOW - 10_000) else {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(TRANSIT_LANE.into(), AMQPValue::LongString(DUE_LANE.into()));
+    let marked = properties.with_headers(headers);
+    assert!(lane(&marked).is_some());
+    let Action::Wait { properties, .. } = decide::expired(&rules, &marked, NOW - 10_000) else {
         panic!("waits again")
     };
     assert_eq!(lane(&properties), None);

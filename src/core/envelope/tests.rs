@@ -67,7 +67,6 @@ fn strategy_overrides_are_undone_on_delivery() {
     let o = Overrides {
         expiration: Some(std::time::Duration::from_millis(1500)),
         priority: Some(9),
-        due_lane: true,
         format: TransitFormat::Compact,
     };
     for original in [
