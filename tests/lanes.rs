@@ -18,6 +18,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use std::time::{Duration, Instant};
 
 const QUORUM: &str = "[topology]\nqueue_type = \"quorum\"\n";
+const CLASSIC: &str = "[topology]\nqueue_type = \"classic\"\n";
 
 fn delayed(ms: i64, to: &str) -> BasicProperties {
     let mut h = FieldTable::default();
@@ -267,7 +268,7 @@ async fn an_earlier_due_lane_is_retired(extra: &str, quorum: bool) {
 
 #[tokio::test]
 async fn an_earlier_classic_due_lane_is_emptied_and_removed() {
-    an_earlier_due_lane_is_retired("", false).await;
+    an_earlier_due_lane_is_retired(CLASSIC, false).await;
 }
 
 #[tokio::test]
