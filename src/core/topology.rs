@@ -463,8 +463,9 @@ pub fn cancels_arguments(keep: Duration) -> FieldTable {
 
 /// The argument naming a classic queue's storage version (RabbitMQ 3.10 and
 /// later; version 2 is the only one from 4.0). Declared only when
-/// `[topology] classic_queue_version` is set: which storage serves a
-/// user's backlog better depends on its size (docs/performance.md).
+/// `[topology] classic_queue_version` is set: RabbitMQ refuses to redeclare
+/// a classic queue with another version than it was declared with (also when
+/// the argument is left out), so the router declares only what the user chose.
 pub const QUEUE_VERSION_ARGUMENT: &str = "x-queue-version";
 
 /// Arguments every router queue of this type carries.
