@@ -38,6 +38,13 @@
 //! ratio is the router's sum over kombu's broker. The publisher and the
 //! consumer are this bench, in neither figure.
 //!
+//! Where the tail comes from: per rate, the messages over 10 ms late (the
+//! goal's p99) at the consumer, and from the router's two lateness
+//! histograms on /metrics those already over 10 ms when they came back from
+//! their last bucket (the broker's dead-lettering and the expired queue) and
+//! when the router's delivery was confirmed. A message over 10 ms at the
+//! consumer but not at its delivery lost the time after the router.
+//!
 //! A Markdown table on stdout and in `target/sweep/sweep.md`, the same in
 //! `target/sweep/sweep.csv`, and charts against rate (log axes; text with
 //! DejaVu or Liberation Sans, or BENCH_PLOT_FONT): `target/sweep/lateness.png`
@@ -113,6 +120,13 @@ const POLL: Duration = Duration::from_millis(20);
 /// The router's counters (benches/routerproc scrapes its /metrics).
 const PLACED: &str = "delay_router_messages_placed_total";
 const DELIVERED: &str = "delay_router_messages_delivered_total";
+/// The router's lateness histograms: how late messages came back from their
+/// last bucket (the broker's share), and how late the router delivered them.
+const RETURNED: &str = "delay_router_return_lateness_seconds";
+const DELIVERY: &str = "delay_router_delivery_lateness_seconds";
+/// The lateness goal's p99, ms: each row counts the messages later than this,
+/// and where the router's histograms place them.
+const GOAL_P99_MS: i64 = 10;
 /// Below this broker CPU (% of a core, net) kombu's figure is noise: no ratio.
 const MIN_RATIO_BASE_PCT: f64 = 0.05;
 
@@ -797,7 +811,43 @@ struct Row {
     router: Measured,
     /// The router's bucket placements per delivered message.
     placements: f64,
+    over: Over,
     kombu: Measured,
+}
+
+/// Messages later than [`GOAL_P99_MS`] through the router, and where: at
+/// the consumer; back from their last bucket that late already (the
+/// broker's dead-lettering and the expired queue); delivered by the router
+/// that late (the two before, plus the router's own time).
+struct Over {
+    consumer: usize,
+    returned: u64,
+    delivered: u64,
+}
+
+impl Over {
+    fn describe(&self) -> String {
+        format!(
+            "over {GOAL_P99_MS} ms: {} at the consumer, {} back from the bucket, {} delivered by the router",
+            self.consumer, self.returned, self.delivered
+        )
+    }
+
+    fn cell(&self) -> String {
+        format!("{} / {} / {}", self.consumer, self.returned, self.delivered)
+    }
+}
+
+/// How many messages came back from their last bucket, and how many the
+/// router delivered, later than [`GOAL_P99_MS`], so far (the histograms'
+/// count less their bucket at the goal).
+fn over_goal(router: &routerproc::RouterProcess) -> (f64, f64) {
+    let le = format!("le=\"{}\"", GOAL_P99_MS as f64 / 1000.0);
+    let over = |name: &str| {
+        router.scrape(&format!("{name}_count"))
+            - router.scrape_labelled(&format!("{name}_bucket"), &le)
+    };
+    (over(RETURNED), over(DELIVERY))
 }
 
 impl Row {
@@ -875,9 +925,16 @@ async fn sweep(
     for (rate, of_sustained) in rates(&s.rates, sustained.rate()) {
         let w = Workload::new(rate, s.max_delay_ms);
         let counted = (router.scrape(PLACED), router.scrape(DELIVERED));
+        let over_before = over_goal(router);
         let routed = lane(conn, &via_router, &w, &format!("r{rate}"), pids).await;
         let placements =
             (router.scrape(PLACED) - counted.0) / (router.scrape(DELIVERED) - counted.1).max(1.0);
+        let over_after = over_goal(router);
+        let over = Over {
+            consumer: routed.late.iter().filter(|l| **l > GOAL_P99_MS).count(),
+            returned: (over_after.0 - over_before.0).round() as u64,
+            delivered: (over_after.1 - over_before.1).round() as u64,
+        };
         tokio::time::sleep(BETWEEN_LANES).await;
         let kombu = lane(conn, &Via::Kombu(kombu), &w, &format!("k{rate}"), pids).await;
         tokio::time::sleep(BETWEEN_LANES).await;
@@ -886,12 +943,14 @@ async fn sweep(
             of_sustained,
             router: routed,
             placements,
+            over,
             kombu,
         };
         println!(
-            "  {rate:>6} msg/s, {} messages: router p99 {} ms, {:.2} placements/msg, {:.2} % + broker {:.2} %; kombu p99 {} ms, broker {:.2} %; duplicates {} / {}",
+            "  {rate:>6} msg/s, {} messages: router p99 {} ms ({}), {:.2} placements/msg, {:.2} % + broker {:.2} %; kombu p99 {} ms, broker {:.2} %; duplicates {} / {}",
             w.delays_ms.len(),
             row.router.quantile(0.99),
+            row.over.describe(),
             row.placements,
             row.router_pct(),
             row.broker_pct(&idle),
@@ -982,8 +1041,8 @@ fn ratio_cell(row: &Row, idle: &Idle) -> String {
 
 fn markdown(r: &Report) -> String {
     let mut out = String::from(
-        "| rate (msg/s) | messages | p50 ms | p99 ms | max ms | early | router % | broker % (net) | router+broker % | kombu p50 ms | kombu p99 ms | kombu max ms | kombu broker % (net) | ratio |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| rate (msg/s) | messages | p50 ms | p99 ms | max ms | early | over 10 ms: consumer / back from bucket / delivered | router % | broker % (net) | router+broker % | kombu p50 ms | kombu p99 ms | kombu max ms | kombu broker % (net) | ratio |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &r.rows {
         let rate = match row.of_sustained {
@@ -993,9 +1052,10 @@ fn markdown(r: &Report) -> String {
         let [p50, p99, max] = ms_cells(&row.router);
         let [k50, k99, kmax] = ms_cells(&row.kombu);
         out.push_str(&format!(
-            "| {rate} | {} | {p50} | {p99} | {max} | {} | {:.2} | {:.2} | {:.2} | {k50} | {k99} | {kmax} | {:.2} | {} |\n",
+            "| {rate} | {} | {p50} | {p99} | {max} | {} | {} | {:.2} | {:.2} | {:.2} | {k50} | {k99} | {kmax} | {:.2} | {} |\n",
             row.router.late.len(),
             row.router.early(),
+            row.over.cell(),
             row.router_pct(),
             row.broker_pct(&r.idle),
             row.total_pct(&r.idle),
@@ -1008,13 +1068,13 @@ fn markdown(r: &Report) -> String {
 
 fn csv(r: &Report) -> String {
     let mut out = String::from(
-        "rate,of_sustained,messages,p50_ms,p99_ms,max_ms,early,router_cpu_pct,broker_cpu_net_pct,router_plus_broker_pct,kombu_p50_ms,kombu_p99_ms,kombu_max_ms,kombu_early,kombu_broker_cpu_net_pct,ratio,router_placements_per_msg\n",
+        "rate,of_sustained,messages,p50_ms,p99_ms,max_ms,early,router_cpu_pct,broker_cpu_net_pct,router_plus_broker_pct,kombu_p50_ms,kombu_p99_ms,kombu_max_ms,kombu_early,kombu_broker_cpu_net_pct,ratio,router_placements_per_msg,over_goal_consumer,over_goal_returned,over_goal_delivered\n",
     );
     for row in &r.rows {
         let [p50, p99, max] = ms_cells(&row.router);
         let [k50, k99, kmax] = ms_cells(&row.kombu);
         out.push_str(&format!(
-            "{},{},{},{p50},{p99},{max},{},{:.3},{:.3},{:.3},{k50},{k99},{kmax},{},{:.3},{},{:.3}\n",
+            "{},{},{},{p50},{p99},{max},{},{:.3},{:.3},{:.3},{k50},{k99},{kmax},{},{:.3},{},{:.3},{},{},{}\n",
             row.rate,
             row.of_sustained.map_or(String::new(), |s| s.to_string()),
             row.router.late.len(),
@@ -1026,6 +1086,9 @@ fn csv(r: &Report) -> String {
             row.kombu_pct(&r.idle),
             row.ratio(&r.idle).map_or(String::new(), |x| format!("{x:.3}")),
             row.placements,
+            row.over.consumer,
+            row.over.returned,
+            row.over.delivered,
         ));
     }
     out

@@ -144,6 +144,21 @@ impl RouterProcess {
             .unwrap_or(0.0)
     }
 
+    /// The sample of `name` whose labels are exactly `labels` (as printed,
+    /// e.g. `le="0.01"`), or 0.
+    #[allow(dead_code)] // not every bench that shares this module reads it
+    pub fn scrape_labelled(&self, name: &str, labels: &str) -> f64 {
+        let body = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.port))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .unwrap_or_default();
+        let prefix = format!("{name}{{{labels}}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// SIGTERM, wait (SIGKILL after [`STOP_LIMIT`]), then delete what the
     /// router declared and `extra_queues`; returns how many messages the
     /// router's own queues and buckets still held (waiting, not lost).
