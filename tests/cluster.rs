@@ -120,7 +120,6 @@ async fn kill_node(node: &str) {
     assert!(status.success());
 }
 
-/// Connects to the first node that answers, retrying for a while.
 /// Every broker call of the test's own publisher and collector is bounded:
 /// a node stopping in the middle of one must not hang the test (a collector
 /// waiting forever on a closed connection once stopped one run).
@@ -133,6 +132,7 @@ async fn bounded<T, E>(call: impl std::future::Future<Output = Result<T, E>>) ->
     tokio::time::timeout(BROKER_WAIT, call).await.ok()?.ok()
 }
 
+/// Connects to the first node that answers, retrying for a while.
 async fn connect_any() -> Connection {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
