@@ -132,13 +132,18 @@ impl RouterProcess {
         self.child.id()
     }
 
-    /// The first sample named exactly `name` (no labels) on /metrics, or 0.
-    pub fn scrape(&self, name: &str) -> f64 {
-        let body = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.port))
+    /// The router's /metrics page, or nothing when it does not answer.
+    fn metrics(&self) -> String {
+        ureq::get(&format!("http://127.0.0.1:{}/metrics", self.port))
             .call()
             .ok()
             .and_then(|mut r| r.body_mut().read_to_string().ok())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// The first sample named exactly `name` (no labels) on /metrics, or 0.
+    pub fn scrape(&self, name: &str) -> f64 {
+        let body = self.metrics();
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or(0.0)
@@ -148,11 +153,7 @@ impl RouterProcess {
     /// e.g. `le="0.01"`), or 0.
     #[allow(dead_code)] // not every bench that shares this module reads it
     pub fn scrape_labelled(&self, name: &str, labels: &str) -> f64 {
-        let body = ureq::get(&format!("http://127.0.0.1:{}/metrics", self.port))
-            .call()
-            .ok()
-            .and_then(|mut r| r.body_mut().read_to_string().ok())
-            .unwrap_or_default();
+        let body = self.metrics();
         let prefix = format!("{name}{{{labels}}} ");
         body.lines()
             .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
