@@ -65,6 +65,12 @@ async fn quorum_buckets_deliver_every_message_never_early() {
 #[tokio::test]
 async fn a_quorum_bucket_keeps_what_expires_while_the_router_queue_is_gone() {
     const N: usize = 20;
+    // The broker sends an unconfirmed dead-letter again after
+    // dead_letter_worker_publisher_confirm_timeout, 180 s by default; the
+    // worker reads it when the bucket is declared. 5 s keeps the test short
+    // and changes nothing else it shows.
+    let _confirm_timeout =
+        BrokerSetting::set("dead_letter_worker_publisher_confirm_timeout", "5000");
     let mut h = Harness::new(&["1s", "2s"], QUORUM).await;
     h.start_router().await;
     let q = h.queue("dest").await;
@@ -85,9 +91,7 @@ async fn a_quorum_bucket_keeps_what_expires_while_the_router_queue_is_gone() {
     tokio::time::sleep(Duration::from_secs(4)).await; // every message has expired meanwhile
     assert_eq!(h.depth(&q).await, 0);
     h.start_router().await; // re-declares the expired queue and its binding
-    // The broker retries unconfirmed dead-letters every
-    // dead_letter_worker_publisher_confirm_timeout (180 s by default).
-    let got = h.receive(&q, N, Duration::from_secs(240)).await;
+    let got = h.receive(&q, N, Duration::from_secs(60)).await;
     let ids: BTreeSet<usize> = got.iter().map(|(_, d)| id(d)).collect();
     assert_eq!(ids.len(), N, "a classic bucket would have dropped them all");
     h.cleanup().await;

@@ -676,6 +676,59 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A setting of RabbitMQ's `rabbit` application, changed on every node of
+/// the broker under test until dropped, then put back as it was. It is for
+/// settings RabbitMQ reads only from its configuration file, such as how long
+/// a quorum queue's dead-letter worker waits for a confirm before it sends
+/// again; a process that reads it at start (a queue declared after the
+/// change) sees the new value.
+pub struct BrokerSetting {
+    key: String,
+    /// The value as `application:get_env/2` printed it: `{ok,V}` or `undefined`.
+    was: String,
+}
+
+impl BrokerSetting {
+    pub fn set(key: &str, value: &str) -> Self {
+        let was = rabbitmqctl(&["eval", &format!("application:get_env(rabbit, {key}).")])
+            .trim()
+            .to_string();
+        let out = rabbitmqctl(&["eval", &Self::on_every_node("set_env", key, Some(value))]);
+        assert!(
+            out.contains("{[ok") && out.contains("],[]}"),
+            "setting {key} to {value} on every node: {out}"
+        );
+        Self {
+            key: key.into(),
+            was,
+        }
+    }
+
+    fn on_every_node(call: &str, key: &str, value: Option<&str>) -> String {
+        let args = value.map_or(format!("[rabbit, {key}]"), |v| {
+            format!("[rabbit, {key}, {v}]")
+        });
+        format!("rpc:multicall(application, {call}, {args}).")
+    }
+}
+
+impl Drop for BrokerSetting {
+    fn drop(&mut self) {
+        let back = match self
+            .was
+            .strip_prefix("{ok,")
+            .and_then(|v| v.strip_suffix('}'))
+        {
+            Some(v) => Self::on_every_node("set_env", &self.key, Some(v)),
+            None => Self::on_every_node("unset_env", &self.key, None),
+        };
+        // No panic here: a drop may run while a failed test unwinds.
+        if let Err(e) = ctl().args(["eval", &back]).output() {
+            eprintln!("putting {} back ({back}): {e}", self.key);
+        }
+    }
+}
+
 /// The test URL with other credentials.
 pub fn url_as(user: &str, password: &str) -> String {
     let u = url();
